@@ -1,0 +1,1 @@
+"""specdecode: lossless speculative decoding for LLM inference."""

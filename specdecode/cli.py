@@ -1,0 +1,235 @@
+"""Command line: specdecode generate | bench | tune | serve | models."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import registry
+from .errors import SpecDecodeError
+
+COLOURS = {"draft": "\033[32m", "target": "\033[33m", "bonus": "\033[36m"}
+RESET = "\033[0m"
+
+
+def _add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None:
+    p.add_argument("--model", default=registry.DEFAULT_TARGET, help="target: registry name, .gguf file or HF folder")
+    if with_draft:
+        p.add_argument(
+            "--draft",
+            default=None,
+            help="draft model (name or path), 'lookup' for prompt lookup, or 'none' for plain decoding"
+            f" (default: {registry.DEFAULT_DRAFT} for the default target, else none)",
+        )
+        p.add_argument("--draft-dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                       help="draft weights precision (does not change outputs: the target decides)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target weights precision")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--ctx", type=int, default=4096, help="context length to allocate (tokens)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+
+
+def _add_decoding_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", default="auto", help="draft length per step, or 'auto' (chosen from measured costs)")
+    p.add_argument("--max-k", type=int, default=8, help="largest K the auto policy may pick")
+    p.add_argument("--min-confidence", type=float, default=None,
+                   help="stop drafting when the draft's top probability falls below this (greedy only)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+
+
+def _parse_k(value: str):
+    if value == "auto":
+        return "auto"
+    try:
+        return int(value)
+    except ValueError:
+        raise SpecDecodeError(f"--k must be an integer or 'auto', got {value!r}") from None
+
+
+def build_engine(args, need_draft: bool = True):
+    """Load target (and draft) as the flags say; returns (engine, drafter name)."""
+    import torch
+
+    from .engine import Engine
+    from .models.loader import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    draft_spec = getattr(args, "draft", None)
+    if draft_spec is None:
+        draft_spec = registry.DEFAULT_DRAFT if args.model == registry.DEFAULT_TARGET and need_draft else "none"
+    target = load_model(args.model, device=args.device, dtype=args.dtype, max_context=args.ctx)
+    draft = None
+    drafter = draft_spec
+    if draft_spec not in ("none", "lookup"):
+        draft = load_model(draft_spec, device=args.device, dtype=args.draft_dtype, max_context=args.ctx)
+        drafter = "draft"
+    return Engine(target, draft, max_context=args.ctx), drafter
+
+
+def cmd_generate(args) -> int:
+    from .sampling import SamplingParams
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    k = _parse_k(args.k)
+    engine, drafter = build_engine(args)
+    colour = args.show_drafts
+    stream = engine.stream(
+        prompt,
+        drafter=drafter,
+        k=k,
+        sampling=sampling,
+        max_new_tokens=args.max_new_tokens,
+        stop=args.stop or (),
+        chat=args.chat,
+        min_confidence=args.min_confidence if args.min_confidence is not None else 0.0,
+        max_k=args.max_k,
+    )
+    stats = None
+    out = sys.stdout
+    if colour:
+        from .tokenizer import StreamDecoder
+
+        piecewise = StreamDecoder(engine.tokenizer)
+    for event in stream:
+        stats = event.stats
+        if colour:
+            for token, origin in zip(event.tokens, event.origins):
+                piece = piecewise.push([token])
+                out.write(f"{COLOURS[origin]}{piece}{RESET}")
+        else:
+            out.write(event.text)
+        out.flush()
+    out.write("\n")
+    if colour:
+        print("legend: " + " ".join(f"{COLOURS[o]}{o}{RESET}" for o in ("draft", "target", "bonus")), file=sys.stderr)
+    if args.stats or args.profile:
+        for line in stats.summary_lines():
+            print(line, file=sys.stderr)
+    else:
+        print(f"[{stats.generated_tokens} tokens, {stats.tokens_per_s:.2f} tok/s"
+              + (f", alpha {stats.alpha:.2f}, tau {stats.tau:.2f}" if stats.drafted else "") + "]", file=sys.stderr)
+    if args.profile:
+        from .profile import profile_report
+
+        print(profile_report(engine, stats), file=sys.stderr)
+    if args.json_stats:
+        print(json.dumps(stats.to_dict(), indent=1), file=sys.stderr)
+    return 0
+
+
+def cmd_models(args) -> int:
+    if args.action == "list":
+        print(f"cache: {registry.cache_dir()}")
+        for entry in registry.REGISTRY.values():
+            state = "cached" if registry.is_cached(entry.name) else "not cached"
+            print(f"{entry.name:22s} {entry.size / 1e6:8.0f} MB  {state:10s}  {entry.description}")
+        return 0
+    if args.action == "pull":
+        from .models.loader import convert_gguf
+
+        for name in args.names or [registry.DEFAULT_TARGET, registry.DEFAULT_DRAFT]:
+            was_cached = registry.is_cached(name)
+            path = registry.pull(name)
+            if args.verify and not registry.verify_file(name):
+                raise SpecDecodeError(f"{name}: cached file fails its sha256 check; delete {path} and pull again")
+            convert_gguf(path)
+            print(f"{name}: {'already cached' if was_cached else 'pulled'} at {path}")
+        return 0
+    raise SpecDecodeError(f"unknown action {args.action}")
+
+
+def cmd_bench(args) -> int:
+    from .bench.runner import run_bench_cli
+
+    return run_bench_cli(args)
+
+
+def cmd_tune(args) -> int:
+    from .bench.tune import run_tune_cli
+
+    return run_tune_cli(args)
+
+
+def cmd_serve(args) -> int:
+    from .server.app import run_server
+
+    return run_server(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdecode", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text (speculatively when a drafter is given)")
+    g.add_argument("prompt", help="the prompt, or - to read it from stdin")
+    _add_model_args(g)
+    _add_decoding_args(g)
+    g.add_argument("--chat", dest="chat", action="store_true", default=None, help="apply the chat template")
+    g.add_argument("--no-chat", dest="chat", action="store_false", help="use the prompt as raw text")
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
+    g.add_argument("--json-stats", action="store_true", help="print statistics as JSON to stderr")
+    g.add_argument("--show-drafts", action="store_true", help="colour tokens by origin (draft / target / bonus)")
+    g.add_argument("--profile", action="store_true", help="time per phase and the measured cost of verify blocks")
+    g.set_defaults(func=cmd_generate)
+
+    m = sub.add_parser("models", help="list or pull the named default models")
+    m.add_argument("action", choices=["list", "pull"])
+    m.add_argument("names", nargs="*")
+    m.add_argument("--verify", action="store_true", help="re-check the sha256 of cached files")
+    m.set_defaults(func=cmd_models)
+
+    b = sub.add_parser("bench", help="plain vs speculative decoding on public prompt sets, same process")
+    _add_model_args(b)
+    _add_decoding_args(b)
+    b.add_argument("--suite", default="humaneval", choices=["humaneval", "specbench"])
+    b.add_argument("--limit", type=int, default=10, help="prompts (per category for specbench)")
+    b.add_argument("--categories", default=None, help="comma-separated Spec-Bench categories")
+    b.add_argument("--drafters", default=None, help="comma-separated methods: ar,draft,lookup (default: ar + the --draft one)")
+    b.add_argument("--bench-dir", default=None, help="folder with humaneval.jsonl / specbench.jsonl")
+    b.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
+    b.add_argument("--peers", action="store_true", help="also run transformers (and llama.cpp when installed)")
+    b.set_defaults(func=cmd_bench)
+
+    t = sub.add_parser("tune", help="measure alpha and costs on sample prompts; print the best drafter and K")
+    _add_model_args(t)
+    t.add_argument("--suite", default="humaneval", choices=["humaneval", "specbench"])
+    t.add_argument("--limit", type=int, default=3)
+    t.add_argument("--max-new-tokens", type=int, default=64)
+    t.add_argument("--bench-dir", default=None)
+    t.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a playground page")
+    _add_model_args(s)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"))
+    s.add_argument("--queue-size", type=int, default=16)
+    s.set_defaults(func=cmd_serve)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecDecodeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""The drafter interface: propose up to k tokens that the target is likely to produce next."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sampling import SamplingParams
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    # [len(tokens), V] processed draft distributions q when sampling; None means the tokens were
+    # chosen deterministically (greedy, or a lookup): the verifier treats q as a point mass.
+    probs: torch.Tensor | None = None
+    forward_passes: int = 0  # draft-model passes spent (0 for model-free drafters)
+
+
+class Drafter:
+    """Base class. Drafters keep their own state in step with the engine through `accept`."""
+
+    name = "base"
+    has_model = False
+
+    def reset(self) -> None:
+        """Forget everything about the previous generation."""
+
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+        raise NotImplementedError
+
+    def accept(self, context: list[int]) -> None:
+        """Called after verification with the full token sequence now known to be correct."""

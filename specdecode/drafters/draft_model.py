@@ -1,0 +1,82 @@
+"""Drafting with a small model of the same tokenizer, run autoregressively on its own KV cache."""
+from __future__ import annotations
+
+import torch
+
+from ..sampling import SamplingParams, probabilities, sample
+from .base import Draft, Drafter
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    limit = min(len(a), len(b))
+    i = 0
+    while i < limit and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft"
+    has_model = True
+
+    def __init__(self, model, max_len: int, min_confidence: float = 0.0, prefill_chunk: int = 512):
+        self.model = model
+        self.cache = model.new_cache(max_len)
+        self.cached: list[int] = []  # the tokens whose keys/values the draft cache holds, in order
+        self.min_confidence = min_confidence  # stop drafting when the draft's top probability falls below
+        self.prefill_chunk = prefill_chunk
+
+    def reset(self) -> None:
+        self.cache.truncate(0)
+        self.cached = []
+
+    def _sync(self, context: list[int]) -> torch.Tensor:
+        """Feed whatever of `context` the cache lacks (reusing the common prefix); logits after its last token."""
+        keep = common_prefix_len(self.cached, context[:-1])
+        keep = min(keep, len(context) - 1)
+        self.cache.truncate(keep)
+        del self.cached[keep:]
+        pending = context[keep:]
+        device = self.model.device
+        while len(pending) > self.prefill_chunk:
+            chunk, pending = pending[: self.prefill_chunk], pending[self.prefill_chunk :]
+            self.model(torch.tensor(chunk, device=device), self.cache, logits="none")
+            self.cached.extend(chunk)
+        logits = self.model(torch.tensor(pending, device=device), self.cache, logits="last")
+        self.cached.extend(pending)
+        return logits[0]
+
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+        k = min(k, self.cache.max_len - len(context))
+        if k <= 0:
+            return Draft()
+        logits = self._sync(context)
+        passes = 1
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        device = self.model.device
+        while True:
+            if sampling.greedy:
+                probs_row = None
+                if self.min_confidence > 0:
+                    top = torch.softmax(logits.float(), -1).max()
+                    if tokens and float(top) < self.min_confidence:
+                        break
+                token = int(logits.argmax())
+            else:
+                probs_row = probabilities(logits[None], sampling)[0]
+                token = sample(probs_row, generator)
+                rows.append(probs_row)
+            tokens.append(token)
+            if len(tokens) >= k:
+                break
+            logits = self.model(torch.tensor([token], device=device), self.cache, logits="last")[0]
+            self.cached.append(token)
+            passes += 1
+        probs = torch.stack(rows) if rows else None
+        return Draft(tokens, probs, passes)
+
+    def accept(self, context: list[int]) -> None:
+        keep = common_prefix_len(self.cached, context)
+        self.cache.truncate(keep)
+        del self.cached[keep:]

@@ -1,0 +1,316 @@
+"""The speculative decoding loop: draft, verify in one target pass, accept, roll back, repeat."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from .drafters.base import Draft, Drafter
+from .drafters.draft_model import DraftModelDrafter, common_prefix_len
+from .drafters.lookup import PromptLookupDrafter
+from .errors import InputError, ModelError
+from .models.loader import LoadedModel
+from .policy import CostModel, DraftLengthPolicy
+from .sampling import SamplingParams, probabilities
+from .stats import GenerationStats
+from .tokenizer import StreamDecoder
+from .verify import verify_greedy, verify_sampling
+
+DRAFTER_NAMES = ("none", "draft", "lookup")
+
+
+@dataclass
+class StreamEvent:
+    text: str  # new text since the previous event
+    tokens: list[int]  # new tokens of this step
+    origins: list[str]  # per token: "draft" (accepted draft), "target" (correction / plain), "bonus"
+    stats: GenerationStats
+    finished: bool = False
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    origins: list[str]
+    stats: GenerationStats
+    prompt_ids: list[int] = field(default_factory=list)
+
+    @property
+    def finish_reason(self) -> str:
+        return self.stats.finish_reason
+
+
+class Engine:
+    """Holds the target (and optional draft) model with their caches; generates one sequence at a time."""
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None = None,
+        max_context: int | None = None,
+        prefill_chunk: int = 512,
+        check_invariants: bool = False,
+    ):
+        self.target = target
+        self.draft = draft
+        if draft is not None:
+            check_same_tokenizer(target, draft)
+        self.tokenizer = target.tokenizer
+        self.cache = target.model.new_cache(max_context)
+        self.max_context = self.cache.max_len
+        self.cached_ids: list[int] = []  # tokens whose keys/values the target cache holds
+        self.prefill_chunk = prefill_chunk
+        self.costs = CostModel()
+        self.check_invariants = check_invariants
+        self._drafters: dict[str, Drafter] = {}
+
+    # ----------------------------------------------------------------- set-up helpers
+    def drafter(self, name: str | Drafter | None, min_confidence: float = 0.0) -> Drafter | None:
+        if name is None or isinstance(name, Drafter):
+            return name
+        if name in ("none", "ar", "plain"):
+            return None
+        if name == "draft":
+            if self.draft is None:
+                raise InputError("drafter 'draft' needs a draft model (load the engine with one)")
+            drafter = self._drafters.get("draft")
+            if drafter is None:
+                drafter = DraftModelDrafter(self.draft.model, self.max_context)
+                self._drafters["draft"] = drafter
+            drafter.min_confidence = min_confidence
+            return drafter
+        if name == "lookup":
+            return self._drafters.setdefault("lookup", PromptLookupDrafter())
+        raise InputError(f"unknown drafter '{name}' (choose from {', '.join(DRAFTER_NAMES)})")
+
+    def encode_prompt(self, prompt: str | list[dict] | list[int], chat: bool | None = None) -> list[int]:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            return list(prompt)
+        if isinstance(prompt, list):  # chat messages
+            if not self.tokenizer.has_chat_template:
+                raise InputError("this model has no chat template; send a plain prompt")
+            return self.tokenizer.encode(self.tokenizer.chat_prompt(prompt))
+        if not isinstance(prompt, str):
+            raise InputError("prompt must be a string, a list of chat messages or a list of token ids")
+        use_chat = self.tokenizer.has_chat_template if chat is None else chat
+        if use_chat and not self.tokenizer.has_chat_template:
+            raise InputError("this model has no chat template; use --no-chat")
+        text = self.tokenizer.chat_prompt([{"role": "user", "content": prompt}]) if use_chat else prompt
+        return self.tokenizer.encode(text)
+
+    # ----------------------------------------------------------------- public API
+    def generate(self, prompt, **kwargs) -> GenerationResult:
+        text, tokens, origins = [], [], []
+        stats = None
+        for event in self.stream(prompt, **kwargs):
+            text.append(event.text)
+            tokens.extend(event.tokens)
+            origins.extend(event.origins)
+            stats = event.stats
+        return GenerationResult("".join(text), tokens, origins, stats)
+
+    def stream(
+        self,
+        prompt,
+        *,
+        drafter: str | Drafter | None = "draft",
+        k: int | str = "auto",
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int = 256,
+        stop: tuple[str, ...] | list[str] = (),
+        chat: bool | None = None,
+        min_confidence: float = 0.0,
+        max_k: int = 8,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Iterator[StreamEvent]:
+        sampling = sampling or SamplingParams()
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if k != "auto" and (not isinstance(k, int) or k < 0 or k > 64):
+            raise InputError(f"k must be 'auto' or an integer in 0..64, got {k!r}")
+        stops = [s for s in (stop or ()) if s]
+        prompt_ids = self.encode_prompt(prompt, chat)
+        if not prompt_ids:
+            raise InputError("the prompt is empty")
+        if len(prompt_ids) >= self.max_context:
+            raise InputError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_context}")
+        drafter_obj = self.drafter(drafter, min_confidence)
+        return self._loop(prompt_ids, drafter_obj, k, sampling, max_new_tokens, stops, max_k, should_stop)
+
+    # ----------------------------------------------------------------- the loop
+    def _prefill(self, prompt_ids: list[int]) -> None:
+        """Make the target cache hold prompt_ids[:-1], reusing whatever prefix it already holds."""
+        keep = common_prefix_len(self.cached_ids, prompt_ids[:-1])
+        self.cache.truncate(keep)
+        del self.cached_ids[keep:]
+        pending = prompt_ids[keep:-1]
+        device = self.target.model.device
+        for start in range(0, len(pending), self.prefill_chunk):
+            chunk = pending[start : start + self.prefill_chunk]
+            self.target.model(torch.tensor(chunk, device=device), self.cache, logits="none")
+            self.cached_ids.extend(chunk)
+
+    def _loop(self, prompt_ids, drafter, k, sampling, max_new_tokens, stops, max_k, should_stop):
+        stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
+        started = time.perf_counter()
+        generator = sampling.generator()
+        if drafter is not None:
+            drafter.accept(prompt_ids[:-1])  # drop state from another sequence; keeps a shared prefix
+        fixed_k = None if k == "auto" else int(k)
+        if drafter is not None and fixed_k is None and not self.costs.known(max_k):
+            self.calibrate(max_k, drafter)
+        policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", fixed_k if drafter else 0, max_k)
+        self._prefill(prompt_ids)
+        stats.time_prefill = time.perf_counter() - started
+        decoder = StreamDecoder(self.tokenizer)
+        held_back = max((len(s) for s in stops), default=1) - 1
+        sequence = list(prompt_ids)  # every token the target has confirmed; cache holds all but the last
+        emitted_text = ""
+        generated: list[int] = []
+        device = self.target.model.device
+        finish = None
+        while finish is None:
+            budget = max_new_tokens - len(generated)
+            room = self.cache.max_len - self.cache.length - 1  # positions left after the pending token
+            if room < 0:
+                finish = "length"
+                break
+            k_step = min(policy.choose(), budget - 1, room) if drafter is not None else 0
+            t0 = time.perf_counter()
+            draft = drafter.propose(sequence, k_step, sampling, generator) if k_step > 0 else Draft()
+            t1 = time.perf_counter()
+            block = [sequence[-1]] + draft.tokens
+            logits = self.target.model(torch.tensor(block, device=device), self.cache, logits="all")
+            if sampling.greedy:
+                verdict = verify_greedy(logits, draft.tokens)
+            else:
+                verdict = verify_sampling(probabilities(logits, sampling), draft.tokens, draft.probs, generator)
+            t2 = time.perf_counter()
+            self.cache.truncate(self.cache.length - len(block) + 1 + verdict.accepted)
+            self.cached_ids = sequence[:] + draft.tokens[: verdict.accepted]
+            new_tokens = verdict.tokens(draft.tokens)
+            sequence.extend(new_tokens)
+            if drafter is not None:
+                drafter.accept(sequence)
+                policy.update(verdict.accepted, len(draft.tokens))
+            if self.check_invariants:
+                self._assert_invariants(sequence, drafter)
+            self._account(stats, draft, verdict, len(block), t1 - t0, t2 - t1, drafter)
+            origins = ["draft"] * verdict.accepted + ["bonus" if verdict.accepted == len(draft.tokens) and draft.tokens else "target"]
+            # Stop conditions, in the order the tokens were produced.
+            kept = []
+            for token in new_tokens:
+                if token in self.tokenizer.eos_ids:
+                    finish = "stop"
+                    break
+                kept.append(token)
+                if len(generated) + len(kept) >= max_new_tokens:
+                    finish = "length"
+                    break
+            origins = origins[: len(kept)]
+            generated.extend(kept)
+            decoder.push(kept)
+            text = decoder.text
+            for s in stops:
+                pos = text.find(s, max(0, len(emitted_text) - len(s)))
+                if pos >= 0:
+                    text = text[:pos]
+                    finish = "stop"
+            if finish is None and should_stop is not None and should_stop():
+                finish = "cancelled"
+            if finish is None and held_back and not decoder.text.endswith("\ufffd"):
+                safe = text[: max(len(emitted_text), len(text) - held_back)]
+            else:
+                safe = text
+            delta = safe[len(emitted_text):]
+            emitted_text = safe
+            stats.generated_tokens = len(generated)
+            stats.time_total = time.perf_counter() - started
+            if finish is not None:
+                stats.finish_reason = finish
+                self._finalise(stats, policy)
+            yield StreamEvent(delta, kept, origins, stats, finished=finish is not None)
+            if finish is None and len(generated) >= max_new_tokens:
+                finish = "length"
+
+    def _account(self, stats, draft, verdict, block_size, draft_time, verify_time, drafter) -> None:
+        stats.drafted += len(draft.tokens)
+        stats.accepted += verdict.accepted
+        stats.target_passes += 1
+        stats.draft_passes += draft.forward_passes
+        stats.steps_by_k[len(draft.tokens)] += 1
+        stats.time_draft += draft_time
+        stats.time_verify += verify_time
+        if verdict.accepted == len(draft.tokens) and draft.tokens:
+            stats.origins["draft"] += verdict.accepted
+            stats.origins["bonus"] += 1
+        else:
+            stats.origins["draft"] += verdict.accepted
+            stats.origins["target"] += 1
+        self.costs.record_target(block_size, verify_time)
+        if drafter is not None and draft.tokens:
+            self.costs.record_draft(drafter.name, draft_time / max(1, draft.forward_passes or len(draft.tokens)))
+
+    def _finalise(self, stats: GenerationStats, policy: DraftLengthPolicy) -> None:
+        stats.single_step_cost = self.costs.target_cost(1)
+        stats.draft_step_cost = self.costs.draft.get(stats.drafter) if stats.drafter != "none" else None
+        stats.verify_cost_by_block = {n: self.costs.target_cost(n) for n in sorted(self.costs.target)}
+        alpha = stats.alpha
+        if alpha is not None and stats.drafted >= 8:
+            if alpha < 0.3:
+                stats.notes.append(
+                    f"low acceptance (alpha {alpha:.2f}): speculation likely costs more than it saves here"
+                    + ("; the adaptive policy fell back to plain decoding" if policy.plain_steps else "")
+                )
+            elif alpha < 0.6:
+                stats.notes.append(f"moderate acceptance (alpha {alpha:.2f}): expect a modest speedup at best")
+        if policy.plain_steps:
+            stats.notes.append(f"adaptive K chose plain decoding for {policy.plain_steps} of {stats.target_passes} steps")
+
+    def _assert_invariants(self, sequence: list[int], drafter) -> None:
+        if self.cache.length != len(sequence) - 1:
+            raise AssertionError(f"target cache holds {self.cache.length} tokens, expected {len(sequence) - 1}")
+        if self.cached_ids != sequence[:-1]:
+            raise AssertionError("target cache token record diverged from the sequence")
+        if isinstance(drafter, DraftModelDrafter):
+            if drafter.cache.length != len(drafter.cached) or drafter.cached != sequence[: len(drafter.cached)]:
+                raise AssertionError("draft cache holds tokens that are not a prefix of the sequence")
+
+    # ----------------------------------------------------------------- cost measurement
+    def calibrate(self, max_k: int, drafter: Drafter | None = None, repeats: int = 2) -> None:
+        """Time target passes of 1..max_k+1 tokens (and a draft pass) on scratch positions."""
+        device = self.target.model.device
+        scratch = self.target.model.new_cache(max_k + 40)
+        sizes = sorted({1, 2, 3, max(1, max_k // 2) + 1, max_k + 1})
+        warm = torch.zeros(8, dtype=torch.long, device=device)
+        self.target.model(warm, scratch, logits="none")
+        for size in sizes:
+            tokens = torch.zeros(size, dtype=torch.long, device=device)
+            for _ in range(repeats):
+                scratch.truncate(8)
+                t0 = time.perf_counter()
+                self.target.model(tokens, scratch, logits="all").argmax(-1).tolist()
+                self.costs.record_target(size, time.perf_counter() - t0)
+        if isinstance(drafter, DraftModelDrafter):
+            d_cache = drafter.model.new_cache(16)
+            drafter.model(warm, d_cache, logits="none")
+            for _ in range(repeats + 1):
+                d_cache.truncate(8)
+                t0 = time.perf_counter()
+                drafter.model(warm[:1], d_cache, logits="last").argmax().item()
+                self.costs.record_draft(drafter.name, time.perf_counter() - t0)
+
+
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    if target.tokenizer.fingerprint() != draft.tokenizer.fingerprint():
+        raise ModelError(
+            f"draft '{draft.name}' and target '{target.name}' use different tokenizers"
+            f" (vocab {draft.tokenizer.vocab_size} vs {target.tokenizer.vocab_size}); speculation needs the same one"
+        )
+    if draft.vocab_size != target.vocab_size:
+        raise ModelError(
+            f"draft '{draft.name}' scores {draft.vocab_size} tokens but target '{target.name}' scores {target.vocab_size}"
+        )

@@ -1,0 +1,13 @@
+"""Errors a user can act on: the CLI and the server print their message, never a traceback."""
+
+
+class SpecDecodeError(Exception):
+    """Base class for problems caused by input or environment, not by a bug."""
+
+
+class ModelError(SpecDecodeError):
+    """A model cannot be found, fetched, verified or loaded."""
+
+
+class InputError(SpecDecodeError):
+    """A request is invalid: bad sampling values, prompt longer than the context, ..."""

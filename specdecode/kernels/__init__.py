@@ -1,0 +1,89 @@
+"""Small-batch CPU matmul for decoding and verification.
+
+On this class of CPU PyTorch's default BLAS is slow for the shapes that decoding uses (1 to ~16
+rows against a large weight matrix): a 4-row product costs 3-4x a 1-row one although both only
+stream the weights once. The kernel in skinny_linear.cpp streams each weight row once for all
+activation rows, so a verify block of K+1 tokens costs little more than one token, and it sums
+every dot product in the same order whatever the row count, so the verify pass reproduces the
+plain decoding pass bit for bit (no floating-point near-tie can split them).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+_lock = threading.Lock()
+_kernel = None
+_kernel_failed: str | None = None
+
+
+def _cpu_has_avx2_fma() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
+def load_kernel():
+    """Compile (once, cached on disk by PyTorch) and return the extension, or None with a reason kept."""
+    global _kernel, _kernel_failed
+    if _kernel is not None or _kernel_failed is not None:
+        return _kernel
+    with _lock:
+        if _kernel is not None or _kernel_failed is not None:
+            return _kernel
+        if os.environ.get("SPECDECODE_NO_KERNEL"):
+            _kernel_failed = "disabled by SPECDECODE_NO_KERNEL"
+            return None
+        if not _cpu_has_avx2_fma():
+            _kernel_failed = "CPU lacks AVX2/FMA"
+            return None
+        try:
+            from torch.utils.cpp_extension import load
+
+            from ..registry import cache_dir
+
+            build_dir = cache_dir() / "kernels"
+            build_dir.mkdir(parents=True, exist_ok=True)
+            print("specdecode: compiling the CPU matmul kernel (first use only, ~1 min) ...", file=sys.stderr)
+            _kernel = load(
+                name="specdecode_skinny_linear",
+                sources=[str(Path(__file__).with_name("skinny_linear.cpp"))],
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
+        except Exception as exc:  # a missing compiler must not stop inference, only slow it
+            _kernel_failed = f"{type(exc).__name__}: {exc}"
+            print(f"specdecode: CPU kernel unavailable, using torch matmul ({_kernel_failed})", file=sys.stderr)
+            _kernel = None
+        return _kernel
+
+
+def kernel_status() -> str:
+    if _kernel is not None:
+        return "skinny-avx2"
+    return f"torch ({_kernel_failed})" if _kernel_failed else "not loaded"
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, use_kernel: bool = True) -> torch.Tensor:
+    """y = x @ weight.T (+ bias); weight is [out, in] float32 or bfloat16, x is float32."""
+    if (
+        use_kernel
+        and _kernel is not None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.shape[1] % 8 == 0
+    ):
+        y = _kernel.skinny_linear(x, weight)
+        return y + bias if bias is not None else y
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
+    return F.linear(x, weight, bias)

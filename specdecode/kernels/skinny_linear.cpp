@@ -1,0 +1,86 @@
+// Small-batch matmul y = x @ w.T for CPU decoding; see kernels/__init__.py for why it exists.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+static inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 s = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, s);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+
+template <bool BF16>
+static inline __m256 loadw(const void* w, int64_t i) {
+  if (BF16) {
+    __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)w + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  return _mm256_loadu_ps((const float*)w + i);
+}
+
+// R weight rows x MB activation rows per tile; every (row, token) dot product is summed in the
+// same order whatever M is, so a verify block reproduces single-token logits bit for bit.
+template <int R, int MB, bool BF16>
+static inline void tile(const float* x, int64_t in, const char* w, int64_t wstride, float* out, int64_t O) {
+  __m256 acc[R][MB];
+  for (int r = 0; r < R; ++r) for (int j = 0; j < MB; ++j) acc[r][j] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+  for (int64_t i = 0; i < in; i += 8) {
+    __m256 wv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) { _mm_prefetch(w + r * wstride + (i + 128) * (BF16 ? 2 : 4), _MM_HINT_T0); wv[r] = loadw<BF16>(w + r * wstride, i); }
+#pragma GCC unroll 8
+    for (int j = 0; j < MB; ++j) {
+      __m256 xv = _mm256_loadu_ps(x + j * in + i);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(xv, wv[r], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r) for (int j = 0; j < MB; ++j) out[j * O + r] = hsum(acc[r][j]);
+}
+
+template <int R, bool BF16>
+static inline void rows(const float* x, int64_t M, int64_t in, const char* w, int64_t wstride, float* y, int64_t O) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) tile<R, 4, BF16>(x + m * in, in, w, wstride, y + m * O, O);
+  switch (M - m) {
+    case 3: tile<R, 3, BF16>(x + m * in, in, w, wstride, y + m * O, O); break;
+    case 2: tile<R, 2, BF16>(x + m * in, in, w, wstride, y + m * O, O); break;
+    case 1: tile<R, 1, BF16>(x + m * in, in, w, wstride, y + m * O, O); break;
+    default: break;
+  }
+}
+
+template <bool BF16>
+static void run(const float* x, int64_t M, int64_t in, const void* w, int64_t O, float* y) {
+  const int64_t wstride = in * (BF16 ? 2 : 4);
+  constexpr int R = 3;
+  const int64_t tiles = (O + R - 1) / R;
+  at::parallel_for(0, tiles, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      int64_t o = t * R;
+      const char* wrow = (const char*)w + o * wstride;
+      if (o + R <= O) rows<R, BF16>(x, M, in, wrow, wstride, y + o, O);
+      else for (; o < O; ++o, wrow += wstride) rows<1, BF16>(x, M, in, wrow, wstride, y + o, O);
+    }
+  });
+}
+
+torch::Tensor skinny_linear_cpu(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "skinny_linear: x must be float32");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "skinny_linear: weight must be a contiguous matrix");
+  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, "skinny_linear: weight must be float32 or bfloat16");
+  TORCH_CHECK(x.size(-1) == w.size(1) && w.size(1) % 8 == 0, "skinny_linear: inner size must match and be a multiple of 8");
+  auto xc = x.contiguous();
+  int64_t in = xc.size(-1), M = xc.numel() / in, O = w.size(0);
+  auto out_sizes = xc.sizes().vec(); out_sizes.back() = O;
+  auto y = torch::empty(out_sizes, xc.options());
+  if (w.scalar_type() == at::kBFloat16) run<true>(xc.data_ptr<float>(), M, in, w.data_ptr(), O, y.data_ptr<float>());
+  else run<false>(xc.data_ptr<float>(), M, in, w.data_ptr(), O, y.data_ptr<float>());
+  return y;
+}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("skinny_linear", &skinny_linear_cpu); }

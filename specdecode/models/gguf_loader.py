@@ -1,0 +1,107 @@
+"""Build a native Transformer from a GGUF file (weights dequantized with the `gguf` package)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ModelError
+from .config import SUPPORTED_ARCHS, ModelConfig
+from .transformer import Transformer
+
+
+def _field(reader, key: str, default=None):
+    field = reader.get_field(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def open_gguf(path: Path):
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path), "r")
+    except Exception as exc:  # truncated or not a GGUF file at all
+        raise ModelError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+
+
+def read_config(reader) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelError(f"unsupported architecture '{arch}' (the native decoder covers {', '.join(SUPPORTED_ARCHS)})")
+    names = {t.name for t in reader.tensors}
+    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    n_heads = int(_field(reader, f"{arch}.attention.head_count"))
+    return ModelConfig(
+        arch=arch,
+        vocab_size=int(embed.shape[1]),
+        hidden_size=hidden,
+        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+        n_layers=int(_field(reader, f"{arch}.block_count")),
+        n_heads=n_heads,
+        n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
+        head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // n_heads)),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        context_length=int(_field(reader, f"{arch}.context_length", 2048)),
+        tie_embeddings="output.weight" not in names,
+        qkv_bias="blk.0.attn_q.bias" in names,
+    )
+
+
+def _unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp stores llama-family Q/K rows interleaved per head; restore the half-split layout."""
+    rows = weight.shape[0]
+    rest = weight.shape[1:]
+    return weight.reshape(n_heads, rows // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(weight.shape)
+
+
+def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions: int | None) -> Transformer:
+    import gguf
+
+    reader = open_gguf(path)
+    config = read_config(reader)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def get(name: str) -> np.ndarray:
+        if name not in tensors:
+            raise ModelError(f"{path.name}: tensor '{name}' is missing")
+        t = tensors[name]
+        try:
+            array = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as exc:
+            raise ModelError(f"{path.name}: cannot read tensor '{name}' ({exc}); the file may be corrupt") from None
+        shape = tuple(int(d) for d in reversed(t.shape))
+        return np.ascontiguousarray(array.reshape(shape), dtype=np.float32)
+
+    def qk(name: str, heads: int) -> np.ndarray:
+        array = get(name)
+        return _unpermute_rope_rows(array, heads) if config.arch == "llama" else array
+
+    model = Transformer(config, weight_dtype=weight_dtype, max_positions=max_positions)
+
+    def put(param: torch.nn.Parameter, array: np.ndarray) -> None:
+        param.data = torch.from_numpy(array).to(device=device, dtype=param.dtype)
+
+    put(model.embed, get("token_embd.weight"))
+    put(model.final_norm, get("output_norm.weight"))
+    if model.lm_head is not None:
+        put(model.lm_head, get("output.weight"))
+    for i, layer in enumerate(model.layers):
+        p = f"blk.{i}."
+        put(layer.attn_norm, get(p + "attn_norm.weight"))
+        put(layer.mlp_norm, get(p + "ffn_norm.weight"))
+        put(layer.qkv, np.concatenate([
+            qk(p + "attn_q.weight", config.n_heads), qk(p + "attn_k.weight", config.n_kv_heads), get(p + "attn_v.weight")
+        ]))
+        if layer.qkv_bias is not None:
+            put(layer.qkv_bias, np.concatenate([
+                qk(p + "attn_q.bias", config.n_heads), qk(p + "attn_k.bias", config.n_kv_heads), get(p + "attn_v.bias")
+            ]))
+        put(layer.out_proj, get(p + "attn_output.weight"))
+        put(layer.gate_up, np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")]))
+        put(layer.down, get(p + "ffn_down.weight"))
+    return model

@@ -1,0 +1,93 @@
+"""Build a native Transformer from a Hugging Face model folder (config.json + safetensors)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelError
+from .config import SUPPORTED_ARCHS, ModelConfig
+from .transformer import Transformer
+
+
+def read_hf_config(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except FileNotFoundError:
+        raise ModelError(f"{folder} has no config.json: not a Hugging Face model folder") from None
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{folder}/config.json is not valid JSON ({exc})") from None
+
+
+def is_native_arch(hf_config: dict) -> bool:
+    return hf_config.get("model_type") in SUPPORTED_ARCHS
+
+
+def config_from_hf(cfg: dict) -> ModelConfig:
+    n_heads = int(cfg["num_attention_heads"])
+    hidden = int(cfg["hidden_size"])
+    return ModelConfig(
+        arch=cfg["model_type"],
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(cfg["intermediate_size"]),
+        n_layers=int(cfg["num_hidden_layers"]),
+        n_heads=n_heads,
+        n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+        head_dim=int(cfg.get("head_dim") or hidden // n_heads),
+        rope_theta=float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        context_length=int(cfg.get("max_position_embeddings", 2048)),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias", False)),
+    )
+
+
+def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"{folder} has no .safetensors weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            tensors.update(load_file(str(f)))
+        except Exception as exc:
+            raise ModelError(f"cannot read {f.name} ({exc}); the file may be corrupt") from None
+    return tensors
+
+
+def load_hf_native(folder: Path, device, weight_dtype: torch.dtype, max_positions: int | None) -> Transformer:
+    config = config_from_hf(read_hf_config(folder))
+    tensors = _read_safetensors(folder)
+    if "lm_head.weight" not in tensors and not config.tie_embeddings:
+        config = ModelConfig(**{**config.__dict__, "tie_embeddings": True})
+    model = Transformer(config, weight_dtype=weight_dtype, max_positions=max_positions)
+
+    def get(name: str) -> torch.Tensor:
+        try:
+            return tensors[name].float()
+        except KeyError:
+            raise ModelError(f"{folder}: tensor '{name}' is missing") from None
+
+    def put(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+        param.data = value.to(device=device, dtype=param.dtype).contiguous()
+
+    put(model.embed, get("model.embed_tokens.weight"))
+    put(model.final_norm, get("model.norm.weight"))
+    if model.lm_head is not None:
+        put(model.lm_head, get("lm_head.weight"))
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        put(layer.attn_norm, get(p + "input_layernorm.weight"))
+        put(layer.mlp_norm, get(p + "post_attention_layernorm.weight"))
+        put(layer.qkv, torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]))
+        if layer.qkv_bias is not None:
+            put(layer.qkv_bias, torch.cat([get(a + "q_proj.bias"), get(a + "k_proj.bias"), get(a + "v_proj.bias")]))
+        put(layer.out_proj, get(a + "o_proj.weight"))
+        put(layer.gate_up, torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]))
+        put(layer.down, get(p + "mlp.down_proj.weight"))
+    return model

@@ -1,0 +1,176 @@
+"""One entry point to load a model by registry name, GGUF path or Hugging Face folder."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .. import kernels, registry
+from ..errors import ModelError
+from ..tokenizer import Tokenizer
+from .config import ModelConfig
+from .transformer import Transformer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: Path
+    model: object  # Transformer or HFAdapter: forward(tokens, cache, ...) -> logits
+    tokenizer: Tokenizer
+    backend: str  # "native" or "transformers"
+    dtype: str
+    load_seconds: float
+
+    @property
+    def vocab_size(self) -> int:
+        m = self.model
+        return m.config.vocab_size if isinstance(m, Transformer) else m.vocab_size
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _converted_dir(gguf_path: Path) -> Path:
+    stat = gguf_path.stat()
+    return registry.cache_dir() / "converted" / f"{gguf_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+
+
+def _load_hf_tokenizer(source: Path, gguf_file: str | None = None):
+    from transformers import AutoTokenizer
+
+    try:
+        if gguf_file:
+            return AutoTokenizer.from_pretrained(str(source), gguf_file=gguf_file)
+        return AutoTokenizer.from_pretrained(str(source))
+    except Exception as exc:
+        raise ModelError(f"cannot load the tokenizer from {source / (gguf_file or '')} ({type(exc).__name__}: {exc})") from None
+
+
+def convert_gguf(gguf_path: Path, quiet: bool = False) -> Path:
+    """Dequantize a GGUF file once into float32 safetensors + tokenizer files; later loads read those.
+
+    Dequantizing with the gguf package takes tens of seconds per model; reading the converted file
+    takes a few. The folder appears under its final name only when complete.
+    """
+    from safetensors.torch import save_file
+
+    from .gguf_loader import load_gguf_model
+
+    target = _converted_dir(gguf_path)
+    if (target / "config.json").is_file():
+        return target
+    if not quiet:
+        print(f"specdecode: converting {gguf_path.name} for fast loading (once) ...", file=sys.stderr)
+    model = load_gguf_model(gguf_path, "cpu", torch.float32, None)
+    hf_tok = _load_hf_tokenizer(gguf_path.parent, gguf_path.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
+        tmp_path = Path(tmp)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp_path / "weights.safetensors"))
+        hf_tok.save_pretrained(str(tmp_path / "tokenizer"))
+        (tmp_path / "config.json").write_text(json.dumps(asdict(model.config), indent=1))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp_path.rename(target)
+        tmp_path.mkdir()  # let TemporaryDirectory clean up an empty folder
+    return target
+
+
+def _load_converted(folder: Path, device, weight_dtype, max_positions) -> Transformer:
+    from safetensors.torch import load_file
+
+    config = ModelConfig(**json.loads((folder / "config.json").read_text()))
+    model = Transformer(config, weight_dtype=weight_dtype, max_positions=max_positions)
+    try:
+        state = load_file(str(folder / "weights.safetensors"), device="cpu")
+    except Exception as exc:
+        raise ModelError(f"converted weights in {folder} are unreadable ({exc}); delete that folder to rebuild") from None
+    for name, param in model.named_parameters():
+        if name not in state:
+            raise ModelError(f"converted weights in {folder} lack {name}; delete that folder to rebuild")
+        param.data = state[name].to(device=device, dtype=param.dtype).contiguous()
+    return model
+
+
+def _finish_native(model: Transformer, weight_dtype: torch.dtype) -> Transformer:
+    if weight_dtype != torch.float32 and model.lm_head is None:
+        # Embedding lookups stay float32; the output layer gets its own low-precision copy.
+        model.lm_head = torch.nn.Parameter(model.embed.to(weight_dtype), requires_grad=False)
+    if model.device.type == "cpu":
+        kernels.load_kernel()
+    return model
+
+
+def load_model(
+    name_or_path: str,
+    device: str | torch.device | None = None,
+    dtype: str = "float32",
+    max_context: int | None = 4096,
+    backend: str = "auto",  # "auto" | "native" | "transformers"
+) -> LoadedModel:
+    if dtype not in DTYPES:
+        raise ModelError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
+    weight_dtype = DTYPES[dtype]
+    device = torch.device(device) if device else default_device()
+    started = time.perf_counter()
+    path = registry.resolve(name_or_path)
+    name = name_or_path if name_or_path in registry.REGISTRY else path.name
+    if path.is_file():
+        if backend == "transformers":
+            raise ModelError("the transformers backend needs a Hugging Face folder, not a GGUF file")
+        _check_gguf_header(path)
+        folder = convert_gguf(path)
+        config = ModelConfig(**json.loads((folder / "config.json").read_text()))
+        positions = min(max_context or config.context_length, config.context_length)
+        model = _finish_native(_load_converted(folder, device, weight_dtype, positions), weight_dtype)
+        tokenizer = Tokenizer.from_hf(_load_hf_tokenizer(folder / "tokenizer"))
+        used_backend = "native"
+    elif path.is_dir():
+        from .hf_loader import config_from_hf, is_native_arch, load_hf_native, read_hf_config
+
+        hf_config = read_hf_config(path)
+        tokenizer = Tokenizer.from_hf(_load_hf_tokenizer(path))
+        if backend != "transformers" and is_native_arch(hf_config):
+            config = config_from_hf(hf_config)
+            positions = min(max_context or config.context_length, config.context_length)
+            model = _finish_native(load_hf_native(path, device, weight_dtype, positions), weight_dtype)
+            used_backend = "native"
+        elif backend == "native":
+            raise ModelError(f"unsupported architecture '{hf_config.get('model_type')}' for the native decoder")
+        else:
+            model = _load_transformers(path, hf_config, device, weight_dtype, max_context)
+            used_backend = "transformers"
+    else:
+        raise ModelError(f"model path not found: {path}")
+    return LoadedModel(name, path, model, tokenizer, used_backend, dtype, time.perf_counter() - started)
+
+
+def _check_gguf_header(path: Path) -> None:
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelError(f"{path} is not a GGUF file (bad magic {magic!r})")
+
+
+def _load_transformers(path: Path, hf_config: dict, device, weight_dtype, max_context):
+    from transformers import AutoModelForCausalLM
+
+    from .hf_adapter import HFAdapter
+
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(str(path), dtype=weight_dtype).to(device)
+    except Exception as exc:
+        raise ModelError(f"transformers cannot load {path} ({type(exc).__name__}: {exc})") from None
+    limit = int(hf_config.get("max_position_embeddings") or 2048)
+    return HFAdapter(hf_model, min(max_context or limit, limit))

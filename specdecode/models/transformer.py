@@ -1,0 +1,161 @@
+"""Native PyTorch decoder for the Llama/Qwen2 family.
+
+RMSNorm, rotary embeddings (half-rotation layout, as in Hugging Face checkpoints), grouped-query
+attention, SwiGLU, optional QKV bias, tied or separate output head. The Q/K/V projections and
+the gate/up projections are fused into one weight each, so a block of tokens streams each layer's
+weights in as few matmuls as possible.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import kernels
+from ..cache import KVCache
+from .config import ModelConfig
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_tables(config: ModelConfig, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    half = config.head_dim // 2
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)  # [P, half]
+    return angles.cos().float().to(device), angles.sin().float().to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos/sin: [T, head_dim/2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, weight_dtype: torch.dtype):
+        super().__init__()
+        c = config
+        self.config = c
+        self.attn_norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
+        self.mlp_norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
+        self.qkv = nn.Parameter(torch.zeros(c.q_size + 2 * c.kv_size, c.hidden_size, dtype=weight_dtype), requires_grad=False)
+        self.qkv_bias = (
+            nn.Parameter(torch.zeros(c.q_size + 2 * c.kv_size), requires_grad=False) if c.qkv_bias else None
+        )
+        self.out_proj = nn.Parameter(torch.zeros(c.hidden_size, c.q_size, dtype=weight_dtype), requires_grad=False)
+        self.gate_up = nn.Parameter(torch.zeros(2 * c.intermediate_size, c.hidden_size, dtype=weight_dtype), requires_grad=False)
+        self.down = nn.Parameter(torch.zeros(c.hidden_size, c.intermediate_size, dtype=weight_dtype), requires_grad=False)
+
+    def forward(self, x, layer_index: int, cache: KVCache, start: int, cos, sin, attn_mask):
+        c = self.config
+        seq = x.shape[0]
+        h = rms_norm(x, self.attn_norm, c.rms_norm_eps)
+        qkv = kernels.linear(h, self.qkv, self.qkv_bias)
+        q, k, v = qkv.split((c.q_size, c.kv_size, c.kv_size), dim=-1)
+        q = apply_rope(q.view(seq, c.n_heads, c.head_dim), cos, sin)
+        k = apply_rope(k.view(seq, c.n_kv_heads, c.head_dim), cos, sin)
+        v = v.view(seq, c.n_kv_heads, c.head_dim)
+        cache.write(layer_index, start, k.transpose(0, 1), v.transpose(0, 1))
+        keys, values = cache.view(layer_index, start + seq)
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),  # [1, H, T, D]
+            keys.unsqueeze(0),  # [1, Hkv, S, D]
+            values.unsqueeze(0),
+            attn_mask=attn_mask,
+            enable_gqa=c.n_heads != c.n_kv_heads,
+        )  # [1, H, T, D]
+        attn = attn[0].transpose(0, 1).reshape(seq, c.q_size)
+        x = x + kernels.linear(attn, self.out_proj)
+        h = rms_norm(x, self.mlp_norm, c.rms_norm_eps)
+        gate, up = kernels.linear(h, self.gate_up).chunk(2, dim=-1)
+        return x + kernels.linear(F.silu(gate) * up, self.down)
+
+
+class Transformer(nn.Module):
+    """forward(tokens of a block, cache) -> logits of every position (or of the last, or none)."""
+
+    def __init__(self, config: ModelConfig, weight_dtype: torch.dtype = torch.float32, max_positions: int | None = None):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Parameter(torch.zeros(config.vocab_size, config.hidden_size), requires_grad=False)
+        self.layers = nn.ModuleList(DecoderLayer(config, weight_dtype) for _ in range(config.n_layers))
+        self.final_norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
+        self.lm_head = None if config.tie_embeddings else nn.Parameter(
+            torch.zeros(config.vocab_size, config.hidden_size, dtype=weight_dtype), requires_grad=False
+        )
+        self.max_positions = max_positions or config.context_length
+        self._rope_cos = self._rope_sin = None
+        # Optional reduced output layer (frequency-ranked vocabulary for cheap drafting):
+        # logits are computed for these token ids only and every other id gets -inf.
+        self.vocab_subset: torch.Tensor | None = None
+        self._subset_head: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def output_weight(self) -> torch.Tensor:
+        return self.embed if self.lm_head is None else self.lm_head
+
+    def set_vocab_subset(self, token_ids: torch.Tensor | None) -> None:
+        if token_ids is None:
+            self.vocab_subset = self._subset_head = None
+            return
+        token_ids = token_ids.to(self.device, torch.long)
+        self.vocab_subset = token_ids
+        self._subset_head = self.output_weight().index_select(0, token_ids).contiguous()
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        c = self.config
+        length = min(max_len or self.max_positions, self.max_positions)
+        return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, length, self.embed.dtype, self.device)
+
+    def _rope(self, positions: torch.Tensor):
+        if self._rope_cos is None:
+            self._rope_cos, self._rope_sin = rope_tables(self.config, self.max_positions, self.device)
+        return self._rope_cos[positions], self._rope_sin[positions]
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [T] token ids of the block
+        cache: KVCache,
+        positions: torch.Tensor | None = None,  # [T]; default: cache.length + arange(T)
+        attn_mask: torch.Tensor | None = None,  # [T, cache.length + T] bool, True = may attend
+        logits: str = "all",  # "all" | "last" | "none"
+    ) -> torch.Tensor | None:
+        start = cache.length
+        seq = tokens.shape[0]
+        if start + seq > cache.max_len:
+            raise ValueError(f"block of {seq} tokens does not fit: cache holds {start} of {cache.max_len}")
+        if positions is None:
+            positions = torch.arange(start, start + seq, device=self.device)
+        if attn_mask is None and seq > 1:
+            attn_mask = causal_mask(start, seq, self.device)
+        cos, sin = self._rope(positions)
+        x = self.embed[tokens]
+        for index, layer in enumerate(self.layers):
+            x = layer(x, index, cache, start, cos, sin, attn_mask)
+        cache.length = start + seq
+        if logits == "none":
+            return None
+        if logits == "last":
+            x = x[-1:]
+        x = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
+        if self._subset_head is None:
+            return kernels.linear(x, self.output_weight())
+        partial = kernels.linear(x, self._subset_head)
+        full = torch.full((x.shape[0], self.config.vocab_size), float("-inf"), device=x.device)
+        full[:, self.vocab_subset] = partial
+        return full
+
+
+def causal_mask(start: int, seq: int, device) -> torch.Tensor:
+    """[seq, start+seq] bool: row i sees the whole prefix and block positions 0..i."""
+    rows = torch.arange(seq, device=device)[:, None]
+    cols = torch.arange(start + seq, device=device)[None, :]
+    return cols <= rows + start

@@ -1,0 +1,66 @@
+"""Tokenizer wrapper: encoding, chat templates, incremental detokenization."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Tokenizer:
+    hf: object  # a transformers PreTrainedTokenizer(Fast)
+    eos_ids: frozenset[int] = field(default_factory=frozenset)
+
+    @classmethod
+    def from_hf(cls, hf) -> "Tokenizer":
+        eos = set()
+        if hf.eos_token_id is not None:
+            eos.add(int(hf.eos_token_id))
+        # Chat models end a turn with <|im_end|> / <|eot_id|> even when eos names another token.
+        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>"):
+            tid = hf.convert_tokens_to_ids(name)
+            if isinstance(tid, int) and tid != hf.unk_token_id and tid is not None and tid >= 0:
+                eos.add(tid)
+        return cls(hf=hf, eos_ids=frozenset(eos))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.hf)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def chat_prompt(self, messages: list[dict]) -> str:
+        return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def fingerprint(self) -> str:
+        """Identity of the vocabulary: two models can speculate for each other only if these agree."""
+        vocab = self.hf.get_vocab()
+        digest = hashlib.sha256()
+        for token, tid in sorted(vocab.items(), key=lambda item: item[1]):
+            digest.update(f"{tid}\t{token}\n".encode("utf-8", "surrogatepass"))
+        return digest.hexdigest()
+
+
+class StreamDecoder:
+    """Turns a growing list of token ids into text deltas without splitting UTF-8 characters."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""  # text emitted so far
+
+    def push(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        full = self.tokenizer.decode(self.ids)
+        if full.endswith("\ufffd"):  # an incomplete multi-byte character: wait for its other tokens
+            return ""
+        delta = full[len(self.text):] if full.startswith(self.text) else full
+        self.text = full
+        return delta
