@@ -10,8 +10,10 @@ import torch
 from .drafters.base import Draft, Drafter
 from .drafters.draft_model import DraftModelDrafter, common_prefix_len
 from .drafters.lookup import PromptLookupDrafter
+from .drafters.vocab import frequent_token_ids
 from .errors import InputError, ModelError
 from .models.loader import LoadedModel
+from .models.transformer import Transformer
 from .policy import CostModel, DraftLengthPolicy
 from .sampling import SamplingParams, probabilities
 from .stats import GenerationStats
@@ -53,11 +55,16 @@ class Engine:
         max_context: int | None = None,
         prefill_chunk: int = 512,
         check_invariants: bool = False,
+        draft_vocab: int | None = 32768,
     ):
         self.target = target
         self.draft = draft
         if draft is not None:
             check_same_tokenizer(target, draft)
+            if draft_vocab and isinstance(draft.model, Transformer):
+                subset = frequent_token_ids(draft.tokenizer, draft_vocab)
+                if subset is not None and len(subset) < draft.vocab_size:
+                    draft.model.set_vocab_subset(subset)
         self.tokenizer = target.tokenizer
         self.cache = target.model.new_cache(max_context)
         self.max_context = self.cache.max_len
@@ -66,6 +73,13 @@ class Engine:
         self.costs = CostModel()
         self.check_invariants = check_invariants
         self._drafters: dict[str, Drafter] = {}
+
+    def reset(self) -> None:
+        """Forget cached prefixes (benchmarks call this so no method inherits another's prefill)."""
+        self.cache.truncate(0)
+        self.cached_ids = []
+        for drafter in self._drafters.values():
+            drafter.reset()
 
     # ----------------------------------------------------------------- set-up helpers
     def drafter(self, name: str | Drafter | None, min_confidence: float = 0.0) -> Drafter | None:

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 _lock = threading.Lock()
 _kernel = None
 _kernel_failed: str | None = None
+# Above this many rows (prompt prefill) the BLAS GEMM wins; decoding and verify blocks stay below it.
+SKINNY_MAX_ROWS = 16
 
 
 def _cpu_has_avx2_fma() -> bool:
@@ -51,7 +53,8 @@ def load_kernel():
 
             build_dir = cache_dir() / "kernels"
             build_dir.mkdir(parents=True, exist_ok=True)
-            print("specdecode: compiling the CPU matmul kernel (first use only, ~1 min) ...", file=sys.stderr)
+            if not list(build_dir.glob("specdecode_skinny_linear*.so")):
+                print("specdecode: compiling the CPU matmul kernel (first use only, ~1 min) ...", file=sys.stderr)
             _kernel = load(
                 name="specdecode_skinny_linear",
                 sources=[str(Path(__file__).with_name("skinny_linear.cpp"))],
@@ -81,6 +84,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.shape[1] % 8 == 0
+        and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]
     ):
         y = _kernel.skinny_linear(x, weight)
         return y + bias if bias is not None else y

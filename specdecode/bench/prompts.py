@@ -1,0 +1,52 @@
+"""Public prompt sets: HumanEval and Spec-Bench, read from ../shared/bench (or --bench-dir)."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+
+SUITE_FILES = {"humaneval": "humaneval.jsonl", "specbench": "specbench.jsonl"}
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    category: str
+    turns: tuple[str, ...]  # user turns, answered one after another as a chat
+
+
+def find_bench_dir(explicit: str | None = None) -> Path:
+    candidates = [explicit, os.environ.get("SPECDECODE_BENCH_DIR")]
+    here = Path(__file__).resolve()
+    candidates += [str(Path.cwd() / ".." / "shared" / "bench"), str(here.parents[3] / "shared" / "bench")]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / SUITE_FILES["humaneval"]).is_file():
+            return Path(candidate)
+    raise InputError("cannot find the prompt sets: pass --bench-dir or set SPECDECODE_BENCH_DIR")
+
+
+def humaneval_turn(problem: dict) -> str:
+    return "Complete the following Python function. Reply with the code only.\n\n```python\n" + problem["prompt"] + "```"
+
+
+def load_suite(name: str, bench_dir: Path, limit: int | None, categories: list[str] | None = None) -> list[BenchPrompt]:
+    path = bench_dir / SUITE_FILES[name]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if name == "humaneval":
+        prompts = [BenchPrompt(r["task_id"], "humaneval", (humaneval_turn(r),)) for r in rows]
+        return prompts[:limit] if limit else prompts
+    per_category: dict[str, list[BenchPrompt]] = {}
+    for r in rows:
+        per_category.setdefault(r["category"], []).append(BenchPrompt(str(r["question_id"]), r["category"], tuple(r["turns"])))
+    if categories:
+        unknown = set(categories) - set(per_category)
+        if unknown:
+            raise InputError(f"unknown Spec-Bench categories {sorted(unknown)}; known: {sorted(per_category)}")
+        per_category = {c: per_category[c] for c in categories}
+    out: list[BenchPrompt] = []
+    for items in per_category.values():
+        out.extend(items[:limit] if limit else items)
+    return out

@@ -1,0 +1,90 @@
+"""Markdown tables and a PNG plot from bench results."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _fmt(value, pattern="{:.2f}") -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def method_table(summary: dict) -> list[str]:
+    lines = ["| method | tokens/s | speedup | median speedup | alpha | tau | mean K | identical |",
+             "|---|---|---|---|---|---|---|---|"]
+    for method, s in summary.items():
+        identical = "-" if s["identical"] is None else f"{s['identical']}/{s['total']}"
+        lines.append(
+            f"| {method} | {s['tokens_per_s']:.2f} | {_fmt(s['speedup'], '{:.2f}x')} | {_fmt(s['median_speedup'], '{:.2f}x')}"
+            f" | {_fmt(s['alpha'])} | {_fmt(s['tau'])} | {s['mean_k']:.1f} | {identical} |"
+        )
+    return lines
+
+
+def category_table(by_category: dict) -> list[str]:
+    methods = sorted({m for s in by_category.values() for m in s if m != "ar"})
+    head = "| category | plain tok/s | " + " | ".join(f"{m} speedup | {m} alpha | {m} identical" for m in methods) + " |"
+    lines = [head, "|" + "---|" * (2 + 3 * len(methods))]
+    for category, summary in by_category.items():
+        cells = [category, _fmt(summary.get("ar", {}).get("tokens_per_s"))]
+        for m in methods:
+            s = summary.get(m)
+            if not s:
+                cells += ["-", "-", "-"]
+                continue
+            cells += [_fmt(s["speedup"], "{:.2f}x"), _fmt(s["alpha"]), f"{s['identical']}/{s['total']}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_report(results: dict, out_dir: Path) -> str:
+    c = results["config"]
+    lines = [
+        f"# specdecode bench: {c['suite']}",
+        "",
+        f"Command: `{c['command']}`",
+        "",
+        f"Target {c['target']} ({c['target_dtype']}), draft {c['draft']} ({c['draft_dtype']}), K={c['k']},"
+        f" max {c['max_new_tokens']} new tokens, temperature {c['temperature']}. Speedup = tokens/s against plain"
+        " decoding of the same target in the same process (aggregate over all prompts; median of per-prompt ratios beside it).",
+        "",
+        *method_table(results["summary"]),
+        "",
+    ]
+    if len(results["by_category"]) > 1:
+        lines += ["## Per category", "", *category_table(results["by_category"]), ""]
+    if results.get("peers"):
+        from .peers import peer_table
+
+        lines += ["## Peers (same prompts, same machine)", "", *peer_table(results["peers"]), ""]
+    text = "\n".join(lines)
+    (out_dir / "report.md").write_text(text)
+    try:
+        plot(results, out_dir / "speedup.png")
+    except Exception as exc:  # a plot is a nicety; never lose the numbers over it
+        text += f"\n(plot skipped: {exc})"
+    return text
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_category = results["by_category"]
+    categories = list(by_category)
+    methods = sorted({m for s in by_category.values() for m in s if m != "ar"})
+    fig, ax = plt.subplots(figsize=(max(6, 1.0 * len(categories) * max(1, len(methods))), 4))
+    width = 0.8 / max(1, len(methods))
+    for i, m in enumerate(methods):
+        values = [by_category[c].get(m, {}).get("speedup") or 0 for c in categories]
+        ax.bar([x + i * width for x in range(len(categories))], values, width, label=m)
+    ax.axhline(1.0, color="grey", linewidth=1, linestyle="--")
+    ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(categories))])
+    ax.set_xticklabels(categories, rotation=30, ha="right")
+    ax.set_ylabel("speedup vs plain decoding")
+    ax.set_title(f"specdecode on {results['config']['suite']} ({results['config']['target']})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

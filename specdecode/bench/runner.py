@@ -1,0 +1,174 @@
+"""specdecode bench: plain vs speculative decoding of the same target, same prompts, same process."""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..sampling import SamplingParams
+from .prompts import BenchPrompt, find_bench_dir, load_suite
+from .report import write_report
+
+METHOD_DRAFTERS = {"ar": "none", "draft": "draft", "lookup": "lookup"}
+
+
+@dataclass
+class Row:
+    prompt_id: str
+    category: str
+    turn: int
+    method: str
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    drafted: int
+    accepted: int
+    target_passes: int
+    mean_k: float
+    identical: bool | None  # token ids equal to plain decoding's (None for plain itself)
+    finish_reason: str
+
+
+def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_tokens, max_k) -> tuple[list[Row], list[list[int]]]:
+    """Answer every turn of one prompt with one method, as a chat; returns rows and token ids per turn."""
+    engine.reset()
+    history: list[dict] = []
+    rows, outputs = [], []
+    for turn_index, turn in enumerate(prompt.turns):
+        history.append({"role": "user", "content": turn})
+        result = engine.generate(
+            list(history), drafter=METHOD_DRAFTERS[method], k=k if method != "ar" else 0,
+            sampling=sampling, max_new_tokens=max_new_tokens, max_k=max_k,
+        )
+        history.append({"role": "assistant", "content": result.text})
+        s = result.stats
+        rows.append(Row(prompt.id, prompt.category, turn_index, method, s.generated_tokens, s.time_total,
+                        s.tokens_per_s, s.drafted, s.accepted, s.target_passes, s.mean_k, None, s.finish_reason))
+        outputs.append(result.token_ids)
+    return rows, outputs
+
+
+def run_bench(engine, prompts: list[BenchPrompt], methods: list[str], k, sampling: SamplingParams,
+              max_new_tokens: int, max_k: int = 8, progress: bool = True) -> list[Row]:
+    # Warm-up: first calls pay for page faults, kernel loading and cost calibration.
+    warm = prompts[0]
+    for method in methods:
+        run_method(engine, BenchPrompt("warmup", warm.category, warm.turns[:1]), method, k, sampling, 8, max_k)
+    rows: list[Row] = []
+    bar = tqdm(total=len(prompts) * len(methods), desc="bench", disable=not progress, file=sys.stderr)
+    for index, prompt in enumerate(prompts):
+        # Alternate the order so slow drift of the machine does not favour one method.
+        order = methods if index % 2 == 0 else list(reversed(methods))
+        outputs: dict[str, list[list[int]]] = {}
+        prompt_rows: list[Row] = []
+        for method in order:
+            method_rows, outputs[method] = run_method(engine, prompt, method, k, sampling, max_new_tokens, max_k)
+            prompt_rows.extend(method_rows)
+            bar.update(1)
+        if "ar" in outputs:
+            for row in prompt_rows:
+                if row.method != "ar":
+                    row.identical = outputs[row.method][row.turn] == outputs["ar"][row.turn]
+        rows.extend(prompt_rows)
+        bar.set_postfix_str(_progress_note(rows))
+    bar.close()
+    return rows
+
+
+def _progress_note(rows: list[Row]) -> str:
+    summary = summarise(rows)
+    return " ".join(f"{m}={v['speedup']:.2f}x" for m, v in summary.items() if m != "ar" and v.get("speedup"))
+
+
+def summarise(rows: list[Row]) -> dict:
+    """Per method: aggregate tokens/s, speedup against plain decoding, alpha, tau, identical/total."""
+    by_method: dict[str, list[Row]] = {}
+    for row in rows:
+        by_method.setdefault(row.method, []).append(row)
+    base = by_method.get("ar")
+    base_tps = _tps(base) if base else None
+    base_by_key = {(r.prompt_id, r.turn): r for r in base or []}
+    out = {}
+    for method, items in by_method.items():
+        tps = _tps(items)
+        drafted = sum(r.drafted for r in items)
+        ratios = [
+            r.tokens_per_s / base_by_key[(r.prompt_id, r.turn)].tokens_per_s
+            for r in items
+            if (r.prompt_id, r.turn) in base_by_key and base_by_key[(r.prompt_id, r.turn)].tokens_per_s > 0
+        ]
+        compared = [r for r in items if r.identical is not None]
+        out[method] = {
+            "tokens_per_s": tps,
+            "speedup": tps / base_tps if base_tps else None,
+            "median_speedup": statistics.median(ratios) if ratios and method != "ar" else None,
+            "alpha": sum(r.accepted for r in items) / drafted if drafted else None,
+            "tau": sum(r.new_tokens for r in items) / max(1, sum(r.target_passes for r in items)),
+            "mean_k": statistics.fmean(r.mean_k for r in items),
+            "identical": sum(bool(r.identical) for r in compared) if method != "ar" else None,
+            "total": len(items),
+            "tokens": sum(r.new_tokens for r in items),
+            "seconds": sum(r.seconds for r in items),
+        }
+    return out
+
+
+def _tps(rows: list[Row]) -> float:
+    seconds = sum(r.seconds for r in rows)
+    return sum(r.new_tokens for r in rows) / seconds if seconds else 0.0
+
+
+def summarise_by_category(rows: list[Row]) -> dict[str, dict]:
+    categories = sorted({r.category for r in rows})
+    return {c: summarise([r for r in rows if r.category == c]) for c in categories}
+
+
+def run_bench_cli(args) -> int:
+    from ..cli import _parse_k, build_engine
+
+    k = _parse_k(args.k)
+    bench_dir = find_bench_dir(args.bench_dir)
+    categories = args.categories.split(",") if args.categories else None
+    prompts = load_suite(args.suite, bench_dir, args.limit, categories)
+    engine, drafter = build_engine(args)
+    methods = args.drafters.split(",") if args.drafters else ["ar", "draft" if drafter == "draft" else drafter]
+    methods = [m for m in dict.fromkeys(["ar"] + methods) if m != "none"]
+    for m in methods:
+        if m not in METHOD_DRAFTERS:
+            from ..errors import InputError
+
+            raise InputError(f"unknown method '{m}' in --drafters (choose from ar, draft, lookup)")
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    started = time.time()
+    rows = run_bench(engine, prompts, methods, k, sampling, args.max_new_tokens, args.max_k)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = {
+        "command": "specdecode " + " ".join(sys.argv[1:]),
+        "suite": args.suite, "limit": args.limit, "categories": categories, "methods": methods, "k": k,
+        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+        "target": engine.target.name, "target_dtype": engine.target.dtype,
+        "draft": engine.draft.name if engine.draft else None, "draft_dtype": engine.draft.dtype if engine.draft else None,
+        "wall_seconds": time.time() - started,
+    }
+    peers = None
+    if args.peers:
+        from .peers import run_peers
+
+        peers = run_peers(args, prompts, rows, engine.tokenizer)
+    results = {
+        "config": config,
+        "summary": summarise(rows),
+        "by_category": summarise_by_category(rows),
+        "rows": [asdict(r) for r in rows],
+        "peers": peers,
+    }
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    report = write_report(results, out_dir)
+    print(report)
+    return 0

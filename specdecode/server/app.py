@@ -1,0 +1,374 @@
+"""OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, and
+a playground page at /.
+
+    app = create_app(engine, "draft", "smollm2-135m")      # testable: any ASGI server can run it
+    specdecode serve --model smollm2-135m --draft lookup    # run_server(args): uvicorn + signal handling
+
+Requests are parsed and validated here, queued in the Scheduler (one engine, one worker), and answered
+as JSON or as server-sent events in OpenAI's chunk format. Each streamed chunk carries an extra
+"specdecode" field with the tokens of the step, their origin (draft / target / bonus), their text and
+the running speculation statistics; the playground colours tokens from it.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import signal
+import time
+import uuid
+from contextlib import asynccontextmanager
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion, parse_json_body
+from .scheduler import Job, Scheduler, Step
+
+log = logging.getLogger("specdecode.server")
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+API_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/")
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+class RequestCounter:
+    """Plain ASGI middleware (safe with streaming, unlike BaseHTTPMiddleware): counts requests by status."""
+
+    def __init__(self, app, metrics: ServerMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = "disconnected"
+
+        async def counting_send(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            status = "500"
+            raise
+        finally:
+            path = scope.get("path", "")
+            if path not in API_ENDPOINTS:
+                path = "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+            self.metrics.requests.labels(path, status).inc()
+
+
+class DisconnectWatch:
+    """Waits on an awaitable unless the client disconnects first (request body already read)."""
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self.request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    async def wait(self, awaitable):
+        getter = asyncio.ensure_future(awaitable)
+        done, _ = await asyncio.wait({getter, self.task}, return_when=asyncio.FIRST_COMPLETED)
+        if getter in done:
+            return getter.result()
+        getter.cancel()
+        raise ClientGone
+
+    def close(self) -> None:
+        self.task.cancel()
+
+
+class JobStreamingResponse(StreamingResponse):
+    """A streamed answer that cancels its generation however the response ends (done, disconnect, error)."""
+
+    def __init__(self, content, scheduler: Scheduler, job: Job, **kwargs):
+        super().__init__(content, **kwargs)
+        self.scheduler = scheduler
+        self.job = job
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.scheduler.cancel(self.job, "client_disconnected")  # no-op when the job finished
+
+
+def _usage(stats: dict) -> dict:
+    return {
+        "prompt_tokens": stats["prompt_tokens"],
+        "completion_tokens": stats["generated_tokens"],
+        "total_tokens": stats["prompt_tokens"] + stats["generated_tokens"],
+        "drafter": stats["drafter"],
+        "drafted": stats["drafted"],
+        "accepted": stats["accepted"],
+        "alpha": stats["alpha"],
+        "tau": stats["tau"],
+        "target_passes": stats["target_passes"],
+        "tokens_per_s": stats["tokens_per_s"],
+    }
+
+
+def _sse(payload) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _playground_html() -> str:
+    return resources.files("specdecode.server").joinpath("playground.html").read_text(encoding="utf-8")
+
+
+def create_app(engine, default_drafter: str, model_name: str, api_key: str | None = None, queue_size: int = 16,
+               *, default_max_tokens: int = 256, max_k: int = 8, warmup: bool = False) -> FastAPI:
+    """The ASGI app around one engine. `default_drafter` is used when a request names none."""
+    metrics = ServerMetrics(model_name)
+    scheduler = Scheduler(engine, default_drafter, queue_size, metrics, default_max_tokens, max_k)
+    drafters = ["none", "lookup"] + (["draft"] if engine.draft is not None else [])
+    created = int(time.time())
+    playground = _playground_html()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        worker = asyncio.create_task(scheduler.run(), name="specdecode-worker")
+        if warmup:
+            await scheduler.warmup()
+        try:
+            yield
+        finally:
+            scheduler.begin_shutdown()
+            worker.cancel()
+            try:
+                await worker
+            except asyncio.CancelledError:
+                pass
+            scheduler.close()
+
+    app = FastAPI(title="specdecode", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.scheduler = scheduler
+    app.state.metrics = metrics
+    app.state.engine = engine
+    app.add_middleware(RequestCounter, metrics=metrics)
+
+    # ------------------------------------------------------------------ errors, all in OpenAI's shape
+    def error_response(exc: ApiError) -> JSONResponse:
+        metrics.errors.labels(exc.kind).inc()
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(request: Request, exc: ApiError):
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code,
+                                       headers=dict(exc.headers or {})))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception):
+        log.exception("unhandled error")
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
+
+    # ------------------------------------------------------------------ helpers
+    def check_api_key(request: Request) -> None:
+        if not api_key:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    async def read_body(request: Request) -> dict:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+        return parse_json_body(raw)
+
+    def check_model(name: str) -> None:
+        if name != model_name:
+            raise ApiError(404, f"the model '{name}' does not exist here; this server serves '{model_name}'",
+                           param="model", code="model_not_found")
+
+    def model_card() -> dict:
+        return {"id": model_name, "object": "model", "created": created, "owned_by": "specdecode",
+                "specdecode": {"drafters": drafters, "default_drafter": default_drafter,
+                               "max_context": engine.max_context}}
+
+    # ------------------------------------------------------------------ generation
+    async def generate(request: Request, kind: str):
+        check_api_key(request)
+        body = await read_body(request)
+        gen = parse_chat(body) if kind == "chat" else parse_completion(body)
+        check_model(gen.model)
+        if gen.drafter == "draft" and engine.draft is None:
+            raise ApiError(400, "drafter 'draft' needs a draft model; this server has none (try 'lookup')",
+                           param="speculative.drafter")
+        client = request.client.host if request.client else "?"
+        job = Job(gen, user_key=gen.user or client)
+        scheduler.submit(job)
+        watch = DisconnectWatch(request)
+        try:
+            first = await watch.wait(job.events.get())  # waits in the queue, then for the tokenizer and checks
+            if first[0] == "error":
+                raise first[1]
+            if gen.stream:
+                watch.close()  # from here the streaming response watches the connection itself
+                return JobStreamingResponse(stream_chunks(job, gen), scheduler, job, media_type="text/event-stream",
+                                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return await collect(job, gen, watch)
+        except ClientGone:
+            scheduler.cancel(job, "client_disconnected")
+            return Response(status_code=499)  # nobody reads it; logs and metrics do
+        finally:
+            watch.close()
+
+    def ids(kind: str) -> tuple[str, str]:
+        return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, \
+            "chat.completion" if kind == "chat" else "text_completion"
+
+    async def collect(job: Job, gen: GenerationRequest, watch: DisconnectWatch):
+        text, tokens, origins = [], [], []
+        while True:
+            message = await watch.wait(job.events.get())
+            if message[0] == "error":
+                raise message[1]
+            step: Step = message[1]
+            text.append(step.text)
+            tokens.extend(step.tokens)
+            origins.extend(step.origins)
+            if step.finished:
+                break
+        response_id, obj = ids(gen.kind)
+        text = "".join(text)
+        if gen.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": step.finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": step.finish_reason}
+        stats = step.final_stats.to_dict()
+        return {"id": response_id, "object": obj, "created": int(time.time()), "model": model_name,
+                "choices": [choice], "usage": _usage(step.stats), "system_fingerprint": None,
+                "specdecode": {"tokens": tokens, "origins": origins, "stats": stats}}
+
+    async def stream_chunks(job: Job, gen: GenerationRequest):
+        response_id, _ = ids(gen.kind)
+        obj = "chat.completion.chunk" if gen.kind == "chat" else "text_completion"
+        created_at = int(time.time())
+
+        def chunk(text: str | None, finish_reason=None, extra=None, role=False) -> dict:
+            if gen.kind == "chat":
+                delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            else:
+                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            payload = {"id": response_id, "object": obj, "created": created_at, "model": model_name,
+                       "system_fingerprint": None, "choices": [choice]}
+            if extra:
+                payload.update(extra)
+            return payload
+
+        if gen.kind == "chat":
+            yield _sse(chunk(None, role=True))
+        while True:
+            message = await job.events.get()
+            if message[0] == "error":  # after the headers went out: report in the stream, as OpenAI does
+                yield _sse(message[1].body())
+                break
+            step: Step = message[1]
+            if not (step.text or step.tokens or step.finished):
+                continue
+            extra = {"specdecode": {"tokens": step.tokens, "origins": step.origins, "pieces": step.pieces,
+                                    "stats": step.stats}}
+            if step.finished:
+                extra["usage"] = _usage(step.stats)
+            yield _sse(chunk(step.text if step.text or not step.finished else None,
+                             step.finish_reason if step.finished else None, extra))
+            if step.finished:
+                if gen.include_usage:
+                    usage_chunk = chunk(None)
+                    usage_chunk["choices"] = []
+                    usage_chunk["usage"] = _usage(step.stats)
+                    yield _sse(usage_chunk)
+                break
+        yield "data: [DONE]\n\n"
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, "chat")
+
+    # ------------------------------------------------------------------ the rest
+    @app.get("/v1/models")
+    async def list_models(request: Request):
+        check_api_key(request)
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def get_model(request: Request, name: str):
+        check_api_key(request)
+        check_model(name)
+        return model_card()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "shutting_down" if scheduler.shutting_down else "ok", "model": model_name,
+                "drafters": drafters, "default_drafter": default_drafter, "max_context": engine.max_context,
+                "auth": bool(api_key), **scheduler.status()}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index():
+        return HTMLResponse(playground)
+
+    return app
+
+
+def run_server(args) -> int:
+    """`specdecode serve`: load the engine as the flags say, serve until SIGINT / SIGTERM, exit 0 on SIGTERM."""
+    import uvicorn
+
+    from ..cli import build_engine
+
+    engine, drafter = build_engine(args)
+    model_name = os.path.basename(str(args.model).rstrip("/")) if os.path.exists(str(args.model)) else args.model
+    app = create_app(engine, drafter, model_name, api_key=args.api_key, queue_size=args.queue_size, warmup=True)
+    scheduler: Scheduler = app.state.scheduler
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            scheduler.begin_shutdown_threadsafe()  # in-flight generation stops at its next step
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
+    server = Server(config)
+    # uvicorn re-raises the caught signal after its graceful shutdown; for SIGTERM that would end the
+    # process with status -15. This handler (restored by uvicorn before re-raising) swallows it: exit 0.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    print(f"specdecode: serving {model_name} (default drafter: {drafter}) on http://{args.host}:{args.port}/"
+          f" (playground), API under /v1{', API key required' if args.api_key else ''}", flush=True)
+    server.run()
+    return 0

@@ -1,0 +1,64 @@
+"""Prometheus metrics of the server, each app with its own registry (several apps may share a process)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the app)
+
+from ..stats import GenerationStats
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60)
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("specdecode_requests", "HTTP requests by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.errors = Counter("specdecode_errors", "Error responses by kind (the OpenAI error code or type)",
+                              ["kind"], registry=r)
+        self.cancelled = Counter("specdecode_cancelled", "Generations stopped early, by reason",
+                                 ["reason"], registry=r)
+        self.prompt_tokens = Counter("specdecode_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generated_tokens = Counter("specdecode_generated_tokens", "Tokens generated", ["drafter"], registry=r)
+        self.drafted_tokens = Counter("specdecode_drafted_tokens", "Draft tokens proposed", ["drafter"], registry=r)
+        self.accepted_tokens = Counter("specdecode_accepted_tokens", "Draft tokens accepted", ["drafter"], registry=r)
+        self.target_passes = Counter("specdecode_target_passes", "Target forward passes while decoding",
+                                     ["drafter"], registry=r)
+        self.acceptance_rate = Gauge("specdecode_acceptance_rate",
+                                     "Acceptance rate alpha = accepted / drafted, since start", ["drafter"], registry=r)
+        self.tokens_per_pass = Gauge("specdecode_tokens_per_target_pass",
+                                     "tau = generated tokens / target passes, since start", ["drafter"], registry=r)
+        self.ttft = Histogram("specdecode_time_to_first_token_seconds",
+                              "Request arrival to first generated token (queue wait included)",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.token_latency = Histogram("specdecode_inter_token_latency_seconds",
+                                       "Time per generated token after the first", buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram("specdecode_queue_wait_seconds", "Time a request waited for the engine",
+                                    buckets=TTFT_BUCKETS, registry=r)
+        self.request_duration = Histogram("specdecode_generation_duration_seconds",
+                                          "Request arrival to last token", buckets=TTFT_BUCKETS, registry=r)
+        self.queue_depth = Gauge("specdecode_queue_depth", "Requests waiting for the engine", registry=r)
+        self.running = Gauge("specdecode_requests_running", "Requests being generated (0 or 1)", registry=r)
+        info = Gauge("specdecode_model_info", "The served model", ["model"], registry=r)
+        info.labels(model=model_name).set(1)
+        self._totals: dict[str, list[int]] = {}  # drafter -> [drafted, accepted, generated, passes]
+
+    def record_generation(self, stats: GenerationStats) -> None:
+        drafter = stats.drafter
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.generated_tokens.labels(drafter).inc(stats.generated_tokens)
+        self.drafted_tokens.labels(drafter).inc(stats.drafted)
+        self.accepted_tokens.labels(drafter).inc(stats.accepted)
+        self.target_passes.labels(drafter).inc(stats.target_passes)
+        totals = self._totals.setdefault(drafter, [0, 0, 0, 0])
+        for i, value in enumerate((stats.drafted, stats.accepted, stats.generated_tokens, stats.target_passes)):
+            totals[i] += value
+        drafted, accepted, generated, passes = totals
+        if drafted:
+            self.acceptance_rate.labels(drafter).set(accepted / drafted)
+        if passes:
+            self.tokens_per_pass.labels(drafter).set(generated / passes)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,285 @@
+"""OpenAI request parsing and validation, and the OpenAI-style error object.
+
+Parsing is hand-written rather than pydantic so that every rejection names the offending
+parameter in the `param` field and reads like OpenAI's own messages.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import DRAFTER_NAMES
+
+CHAT_ROLES = {"system", "user", "assistant", "developer"}
+MAX_STOP_STRINGS = 16
+MAX_SEED = 2**63 - 1
+
+
+class ApiError(Exception):
+    """An error answered to the client as {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers or {}
+
+    @property
+    def kind(self) -> str:
+        """Label for the errors metric."""
+        return self.code or self.type
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class GenerationRequest:
+    """One validated /v1/completions or /v1/chat/completions request."""
+
+    kind: str  # "completion" | "chat"
+    model: str
+    prompt: str | list[int] | list[dict]  # text, token ids, or chat messages
+    max_tokens: int | None = None  # None: the server's default, capped to the room left in the context
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+    drafter: str | None = None  # None: the server's default drafter
+    k: int | str = "auto"
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _bad(name: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=name, code=code)
+
+
+def _integer(body: dict, name: str, default, minimum: int | None = None, maximum: int | None = None):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(name, f"'{name}' must be an integer, got {_describe(value)}", "invalid_type")
+    if minimum is not None and value < minimum:
+        raise _bad(name, f"'{name}' must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise _bad(name, f"'{name}' must be <= {maximum}, got {value}")
+    return value
+
+
+def _number(body: dict, name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(name, f"'{name}' must be a number, got {_describe(value)}", "invalid_type")
+    return float(value)
+
+
+def _boolean(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _bad(name, f"'{name}' must be a boolean, got {_describe(value)}", "invalid_type")
+    return value
+
+
+def _string(body: dict, name: str, default: str | None = None, required: bool = False) -> str | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise _bad(name, f"you must provide '{name}'", "missing_required_parameter")
+        return default
+    if not isinstance(value, str):
+        raise _bad(name, f"'{name}' must be a string, got {_describe(value)}", "invalid_type")
+    return value
+
+
+def _stop(body: dict) -> list[str]:
+    value = body.get("stop")
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise _bad("stop", f"'stop' must be a string or an array of strings, got {_describe(value)}", "invalid_type")
+    if len(value) > MAX_STOP_STRINGS:
+        raise _bad("stop", f"'stop' takes at most {MAX_STOP_STRINGS} strings, got {len(value)}")
+    return [s for s in value if s]
+
+
+def _reject_unsupported(body: dict) -> None:
+    """Parameters that would change the output in ways this server does not implement: refuse, don't ignore."""
+    unsupported = {
+        "best_of": lambda v: v not in (None, 1),
+        "echo": lambda v: bool(v),
+        "logprobs": lambda v: v not in (None, False, 0),
+        "top_logprobs": lambda v: v not in (None, 0),
+        "logit_bias": lambda v: bool(v),
+        "presence_penalty": lambda v: v not in (None, 0, 0.0),
+        "frequency_penalty": lambda v: v not in (None, 0, 0.0),
+        "suffix": lambda v: bool(v),
+        "tools": lambda v: bool(v),
+        "functions": lambda v: bool(v),
+        "response_format": lambda v: v is not None and not (isinstance(v, dict) and v.get("type") == "text"),
+    }
+    for name, is_set in unsupported.items():
+        try:
+            set_ = is_set(body.get(name))
+        except Exception:  # an unhashable value for an `in` test: certainly not the default
+            set_ = True
+        if set_:
+            raise _bad(name, f"'{name}' is not supported by this server", "unsupported_parameter")
+
+
+def _speculative(body: dict) -> tuple[str | None, int | str]:
+    value = body.get("speculative")
+    if value is None:
+        return None, "auto"
+    if not isinstance(value, dict):
+        raise _bad("speculative", f"'speculative' must be an object like {{\"drafter\": \"draft\", \"k\": 4}}, got {_describe(value)}", "invalid_type")
+    unknown = set(value) - {"drafter", "k"}
+    if unknown:
+        raise _bad("speculative", f"unknown field(s) in 'speculative': {', '.join(sorted(unknown))} (use drafter, k)")
+    drafter = value.get("drafter")
+    if drafter is not None and drafter not in DRAFTER_NAMES:
+        raise _bad("speculative.drafter", f"'speculative.drafter' must be one of {', '.join(DRAFTER_NAMES)}, got {drafter!r}")
+    k = value.get("k", "auto")
+    if k is None:
+        k = "auto"
+    if k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 64):
+        raise _bad("speculative.k", f"'speculative.k' must be \"auto\" or an integer in 0..64, got {k!r}")
+    return drafter, k
+
+
+def _common(body: dict, kind: str, prompt, max_tokens_field: str = "max_tokens") -> GenerationRequest:
+    _reject_unsupported(body)
+    model = _string(body, "model", required=True)
+    n = _integer(body, "n", 1)
+    if n != 1:
+        raise _bad("n", f"only n=1 is supported, got {n}")
+    temperature = _number(body, "temperature", 1.0)
+    if temperature < 0:
+        raise _bad("temperature", f"'temperature' must be >= 0, got {temperature}")
+    top_p = _number(body, "top_p", 1.0)
+    if not 0 < top_p <= 1:
+        raise _bad("top_p", f"'top_p' must be in (0, 1], got {top_p}")
+    stream = _boolean(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("stream_options", f"'stream_options' must be an object, got {_describe(options)}", "invalid_type")
+    include_usage = _boolean(options or {}, "include_usage", False)
+    drafter, k = _speculative(body)
+    return GenerationRequest(
+        kind=kind,
+        model=model,
+        prompt=prompt,
+        max_tokens=_integer(body, max_tokens_field, None, minimum=1),
+        temperature=temperature,
+        top_p=top_p,
+        top_k=_integer(body, "top_k", 0, minimum=0),
+        seed=_integer(body, "seed", None, minimum=0, maximum=MAX_SEED),
+        stop=_stop(body),
+        stream=stream,
+        include_usage=include_usage,
+        user=_string(body, "user"),
+        drafter=drafter,
+        k=k,
+    )
+
+
+def parse_json_body(raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the request body is not valid UTF-8 (bad byte at offset {exc.start})", code="invalid_encoding") from None
+    if not text.strip():
+        raise ApiError(400, "the request body is empty; send a JSON object", code="invalid_json")
+
+    def no_constants(name: str):
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        body = json.loads(text, parse_constant=no_constants)
+    except ValueError as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {_describe(body)}", code="invalid_json")
+    return body
+
+
+def _is_token_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def parse_completion(body: dict) -> GenerationRequest:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise _bad("prompt", "you must provide 'prompt'", "missing_required_parameter")
+    if isinstance(prompt, list) and len(prompt) == 1 and (isinstance(prompt[0], str) or _is_token_ids(prompt[0])):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise _bad("prompt", f"batched prompts are not supported: send one prompt per request (got {len(prompt)})")
+    if not (isinstance(prompt, str) or _is_token_ids(prompt)):
+        raise _bad("prompt", f"'prompt' must be a string or an array of token ids, got {_describe(prompt)}", "invalid_type")
+    return _common(body, "completion", prompt)
+
+
+def _message_text(content, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: only text is supported
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise _bad(f"messages[{index}].content", "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise _bad(f"messages[{index}].content", f"message content must be a string, got {_describe(content)}", "invalid_type")
+
+
+def parse_chat(body: dict) -> GenerationRequest:
+    messages = body.get("messages")
+    if messages is None:
+        raise _bad("messages", "you must provide 'messages'", "missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages", f"'messages' must be a non-empty array of messages, got {_describe(messages)}", "invalid_type")
+    cleaned = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _bad(f"messages[{index}]", f"each message must be an object, got {_describe(message)}", "invalid_type")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise _bad(f"messages[{index}].role", f"message role must be one of {', '.join(sorted(CHAT_ROLES))}, got {role!r}")
+        content = message.get("content")
+        if content is None:
+            raise _bad(f"messages[{index}].content", "each message needs 'content'", "missing_required_parameter")
+        cleaned.append({"role": "system" if role == "developer" else role, "content": _message_text(content, index)})
+    field_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    return _common(body, "chat", cleaned, field_name)

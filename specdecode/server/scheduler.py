@@ -1,0 +1,351 @@
+"""One engine, many clients: a bounded fair queue and the single worker that owns the engine.
+
+The engine generates one sequence at a time and is not thread-safe, so every call into it runs on
+one dedicated thread, one decoding step per call; the event loop stays free between steps to
+accept, queue, stream and cancel requests. Clients take turns by `user` (or address): each user's
+requests run in arrival order, and users are served round-robin, so one client flooding the queue
+cannot starve another.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import OrderedDict, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ..errors import SpecDecodeError
+from ..sampling import SamplingParams
+from .metrics import ServerMetrics
+from .protocol import ApiError, GenerationRequest
+
+log = logging.getLogger("specdecode.server")
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class Job:
+    request: GenerationRequest
+    user_key: str
+    arrived: float = field(default_factory=time.perf_counter)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    state: str = "queued"  # queued | running | done
+    cancel_reason: str | None = None
+
+    def cancel(self, reason: str) -> bool:
+        """Ask the generation to stop at its next step. False when it had already finished."""
+        if self.state == "done" or self.cancel_reason is not None:
+            return False
+        self.cancel_reason = reason
+        return True
+
+
+class FairQueue:
+    """Bounded queue of jobs, one FIFO lane per user, lanes served round-robin. Event-loop only."""
+
+    def __init__(self, maxsize: int):
+        if maxsize < 1:
+            raise ValueError("queue size must be at least 1")
+        self.maxsize = maxsize
+        self._lanes: OrderedDict[str, deque[Job]] = OrderedDict()
+        self._size = 0
+        self._waiter: asyncio.Future | None = None
+
+    def __len__(self) -> int:
+        return self._size
+
+    def put_nowait(self, job: Job) -> None:
+        if self._size >= self.maxsize:
+            raise QueueFull
+        self._lanes.setdefault(job.user_key, deque()).append(job)
+        self._size += 1
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def get_nowait(self) -> Job | None:
+        if not self._size:
+            return None
+        user, lane = next(iter(self._lanes.items()))
+        job = lane.popleft()
+        if lane:
+            self._lanes.move_to_end(user)  # this user had a turn; the others go first
+        else:
+            del self._lanes[user]
+        self._size -= 1
+        return job
+
+    async def get(self) -> Job:
+        while not self._size:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self.get_nowait()
+
+    def remove(self, job: Job) -> bool:
+        lane = self._lanes.get(job.user_key)
+        if lane is None or job not in lane:
+            return False
+        lane.remove(job)
+        if not lane:
+            del self._lanes[job.user_key]
+        self._size -= 1
+        return True
+
+    def drain(self) -> list[Job]:
+        jobs = [job for lane in self._lanes.values() for job in lane]
+        self._lanes.clear()
+        self._size = 0
+        return jobs
+
+
+class PieceDecoder:
+    """Text of each token as it arrives (for colouring by origin), without splitting UTF-8 characters.
+
+    Decodes a short window around the new token, as vLLM and TGI do, so the cost per token is constant.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        if full.endswith("\ufffd") or len(full) < len(prefix):
+            return ""  # an incomplete character: its text comes with a later token
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return full[len(prefix) :]
+
+
+@dataclass
+class Step:
+    """One engine step, as handed from the worker to the response writer."""
+
+    text: str
+    tokens: list[int]
+    origins: list[str]
+    pieces: list[str]
+    stats: dict  # a snapshot: the engine's stats object keeps changing after the step
+    finished: bool
+    finish_reason: str | None
+    final_stats: object = None  # the engine's GenerationStats, on the last step only
+
+
+def stats_snapshot(stats) -> dict:
+    return {
+        "drafter": stats.drafter,
+        "prompt_tokens": stats.prompt_tokens,
+        "generated_tokens": stats.generated_tokens,
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "alpha": stats.alpha,
+        "tau": stats.tau,
+        "target_passes": stats.target_passes,
+        "tokens_per_s": stats.tokens_per_s,
+    }
+
+
+class Scheduler:
+    def __init__(self, engine, default_drafter: str, queue_size: int, metrics: ServerMetrics,
+                 default_max_tokens: int = 256, max_k: int = 8):
+        self.engine = engine
+        self.default_drafter = default_drafter
+        self.queue = FairQueue(queue_size)
+        self.metrics = metrics
+        self.default_max_tokens = default_max_tokens
+        self.max_k = max_k
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdecode-engine")
+        self.running: Job | None = None
+        self.shutting_down = False
+        self._halt = False  # read by the engine thread between steps: stop whatever is running
+        self.completed = 0
+        self._service_time = 2.0  # moving average of seconds per request, for Retry-After
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ called by request handlers
+    def submit(self, job: Job) -> None:
+        if self.shutting_down:
+            raise ApiError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
+        try:
+            self.queue.put_nowait(job)
+        except QueueFull:
+            raise ApiError(429, f"the server is busy: {len(self.queue)} requests are waiting; retry later",
+                           type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(self.retry_after())}) from None
+        self.metrics.queue_depth.set(len(self.queue))
+
+    def cancel(self, job: Job, reason: str) -> None:
+        """Stop a job: drop it from the queue, or make its generation stop at the next step."""
+        if not job.cancel(reason):
+            return
+        self.metrics.cancelled.labels(reason).inc()
+        if self.queue.remove(job):
+            job.state = "done"
+            self.metrics.queue_depth.set(len(self.queue))
+
+    def retry_after(self) -> int:
+        waiting = len(self.queue) + (self.running is not None)
+        return max(1, min(120, math.ceil(waiting * self._service_time)))
+
+    def status(self) -> dict:
+        return {"queue_depth": len(self.queue), "queue_size": self.queue.maxsize,
+                "running": int(self.running is not None), "completed": self.completed}
+
+    # ------------------------------------------------------------------ lifecycle
+    async def warmup(self) -> None:
+        """Measure the verify costs the adaptive K needs now, so the first request does not pay for it."""
+        if self.default_drafter in ("none", None):
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            drafter = self.engine.drafter(self.default_drafter)
+            await loop.run_in_executor(self.executor, self.engine.calibrate, self.max_k, drafter)
+        except Exception:  # a warm-up failure must not keep the server down; requests calibrate lazily
+            log.exception("warm-up calibration failed")
+
+    def begin_shutdown(self) -> None:
+        """Refuse new work, fail the queued requests, cancel the one in flight. Event-loop thread only."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        self._halt = True
+        for job in self.queue.drain():
+            job.cancel("shutdown")
+            job.state = "done"
+            self.metrics.cancelled.labels("shutdown").inc()
+            job.events.put_nowait(("error", ApiError(503, "the server is shutting down", code="shutting_down")))
+        self.metrics.queue_depth.set(0)
+        if self.running is not None and self.running.cancel("shutdown"):
+            self.metrics.cancelled.labels("shutdown").inc()
+
+    def begin_shutdown_threadsafe(self) -> None:
+        """For signal handlers: flag at once (the running generation polls it), clean up on the loop."""
+        self._halt = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.begin_shutdown)
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        while True:
+            job = await self.queue.get()
+            self.metrics.queue_depth.set(len(self.queue))
+            if job.cancel_reason is not None:
+                job.state = "done"
+                continue
+            await self._run_job(job)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ the worker
+    def _should_stop(self, job: Job):
+        return lambda: job.cancel_reason is not None or self._halt
+
+    def _begin(self, job: Job):
+        """Engine thread: tokenize, check the limits, start the stream (the engine validates eagerly)."""
+        request, engine = job.request, self.engine
+        prompt_ids = engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
+        vocab = engine.target.vocab_size
+        if isinstance(request.prompt, list) and request.prompt and isinstance(request.prompt[0], int):
+            bad = [t for t in prompt_ids if not 0 <= t < vocab]
+            if bad:
+                raise ApiError(400, f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+        if not prompt_ids:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        room = engine.max_context - len(prompt_ids)
+        if room < 1:
+            raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; this model's context holds {engine.max_context}"
+                           " (prompt plus completion)", param="messages" if request.kind == "chat" else "prompt",
+                           code="context_length_exceeded")
+        max_tokens = request.max_tokens
+        if max_tokens is None:
+            max_tokens = min(self.default_max_tokens, room)
+        elif max_tokens > room:
+            raise ApiError(400, f"this model's context holds {engine.max_context} tokens, but you asked for"
+                           f" {len(prompt_ids) + max_tokens} ({len(prompt_ids)} in the prompt, {max_tokens} to"
+                           " generate); lower max_tokens or shorten the prompt",
+                           param="max_tokens", code="context_length_exceeded")
+        sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
+        drafter = request.drafter or self.default_drafter
+        stream = engine.stream(
+            prompt_ids, drafter=drafter, k=request.k, sampling=sampling, max_new_tokens=max_tokens,
+            stop=request.stop, max_k=self.max_k, should_stop=self._should_stop(job),
+        )
+        return prompt_ids, stream
+
+    @staticmethod
+    def _step(stream, pieces: PieceDecoder) -> Step | None:
+        """Engine thread: one decoding step."""
+        event = next(stream, None)
+        if event is None:
+            return None
+        stats = event.stats
+        return Step(event.text, list(event.tokens), list(event.origins), [pieces.push(t) for t in event.tokens],
+                    stats_snapshot(stats), event.finished, stats.finish_reason if event.finished else None,
+                    stats if event.finished else None)
+
+    def _finish(self, job: Job, event: tuple) -> None:
+        """Hand the job its last event; from here on a disconnect of its client cancels nothing."""
+        job.state = "done"
+        job.events.put_nowait(event)
+
+    async def _run_job(self, job: Job) -> None:
+        loop = asyncio.get_running_loop()
+        job.state = "running"
+        self.running = job
+        self.metrics.running.set(1)
+        started = time.perf_counter()
+        self.metrics.queue_wait.observe(started - job.arrived)
+        stream = None
+        try:
+            try:
+                prompt_ids, stream = await loop.run_in_executor(self.executor, self._begin, job)
+            except ApiError as exc:
+                return self._finish(job, ("error", exc))
+            except SpecDecodeError as exc:  # InputError / ModelError: the engine's message is for the user
+                return self._finish(job, ("error", ApiError(400, str(exc))))
+            job.events.put_nowait(("start", len(prompt_ids)))
+            pieces = PieceDecoder(self.engine.tokenizer)
+            last = None
+            while True:
+                step = await loop.run_in_executor(self.executor, self._step, stream, pieces)
+                if step is None:
+                    break
+                now = time.perf_counter()
+                if step.tokens:
+                    if last is None:
+                        self.metrics.ttft.observe(now - job.arrived)
+                    else:
+                        per_token = (now - last) / len(step.tokens)
+                        for _ in step.tokens:
+                            self.metrics.token_latency.observe(per_token)
+                    last = now
+                if step.finished:
+                    self.metrics.record_generation(step.final_stats)
+                    self.metrics.request_duration.observe(now - job.arrived)
+                    return self._finish(job, ("step", step))
+                job.events.put_nowait(("step", step))
+            return self._finish(job, ("error", ApiError(500, "the generation ended without a final step",
+                                                        code="generation_failed")))
+        except Exception as exc:  # a bug or a device error: fail this request, keep serving
+            log.exception("generation failed")
+            self._finish(job, ("error", ApiError(500, f"generation failed: {type(exc).__name__}: {exc}",
+                                                 code="generation_failed")))
+        finally:
+            if stream is not None:
+                try:
+                    stream.close()
+                except ValueError:  # still running on the engine thread (the loop is being torn down)
+                    pass
+            job.state = "done"
+            self.running = None
+            self.completed += 1
+            self.metrics.running.set(0)
+            self._service_time = 0.8 * self._service_time + 0.2 * (time.perf_counter() - started)

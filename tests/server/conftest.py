@@ -1,0 +1,120 @@
+"""A real specdecode server on a loopback port, shared by the server tests.
+
+The target and the draft are both smollm2-135m (the same tokenizer, so a valid pair), loaded as two
+separate objects: the engine may narrow the draft model's output vocabulary, which must not touch the
+target. One torch thread: the test machine's cores are shared, and oversubscribed threads are 10x slower.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+MODEL = "smollm2-135m"
+CONTEXT = 1024
+
+
+@dataclass
+class LiveServer:
+    base_url: str
+    app: object
+    engine: object
+    server: object
+    thread: threading.Thread
+
+    @property
+    def api_url(self) -> str:
+        return self.base_url + "/v1"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def start_server(app, engine) -> LiveServer:
+    """Run `app` with uvicorn in a background thread on a free loopback port; returns once it accepts."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"uvicorn-{port}")
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.05)
+    return LiveServer(f"http://127.0.0.1:{port}", app, engine, server, thread)
+
+
+@pytest.fixture(scope="session")
+def models():
+    torch = pytest.importorskip("torch")
+    torch.set_num_threads(1)
+    from specdecode.models.loader import load_model
+
+    try:
+        target = load_model(MODEL, max_context=CONTEXT)
+        draft = load_model(MODEL, max_context=CONTEXT)
+    except Exception as exc:  # not cached and no network: nothing to serve
+        pytest.skip(f"{MODEL} is not available: {exc}")
+    return target, draft
+
+
+@pytest.fixture(scope="session")
+def live_server(models):
+    from specdecode.engine import Engine
+    from specdecode.server.app import create_app
+
+    target, draft = models
+    engine = Engine(target, draft, max_context=CONTEXT)
+    app = create_app(engine, "draft", MODEL, queue_size=16)
+    server = start_server(app, engine)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def reference_engine(models):
+    """Plain decoding with a separate engine (own caches) over the same target weights."""
+    from specdecode.engine import Engine
+
+    return Engine(models[0], None, max_context=CONTEXT)
+
+
+@pytest.fixture
+def client(live_server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=live_server.api_url, api_key="unused", max_retries=0, timeout=120)
+
+
+API_KEY = "test-key-123"
+
+
+@pytest.fixture(scope="session")
+def small_server(models):
+    """A second server over the same target weights: no draft model, an API key and a queue of one."""
+    from specdecode.engine import Engine
+    from specdecode.server.app import create_app
+
+    engine = Engine(models[0], None, max_context=CONTEXT)
+    app = create_app(engine, "lookup", MODEL, api_key=API_KEY, queue_size=1)
+    server = start_server(app, engine)
+    yield server
+    server.stop()
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

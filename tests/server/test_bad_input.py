@@ -1,0 +1,123 @@
+"""Every kind of bad request gets a 4xx with an OpenAI-style error object, and the server keeps serving."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from .conftest import API_KEY, MODEL
+
+GOOD = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 1, "temperature": 0}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0}
+LONG_PROMPT = "hello world " * 700  # > 1024 tokens
+
+
+def body(base, **change):
+    out = dict(base)
+    for key, value in change.items():
+        if value is _DROP:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return json.dumps(out).encode()
+
+
+_DROP = object()
+
+CASES = [
+    # (name, path, raw body, expected status, expected param)
+    ("malformed json", "completions", b'{"model": "x", "prompt": ', 400, None),
+    ("not an object", "completions", b'["a"]', 400, None),
+    ("empty body", "completions", b"", 400, None),
+    ("non-utf8 body", "completions", b'{"model": "\xff\xfe", "prompt": "a"}', 400, None),
+    ("unknown model", "completions", body(GOOD, model="gpt-17"), 404, "model"),
+    ("missing model", "completions", body(GOOD, model=_DROP), 400, "model"),
+    ("missing prompt", "completions", body(GOOD, prompt=_DROP), 400, "prompt"),
+    ("missing messages", "chat/completions", body(CHAT, messages=_DROP), 400, "messages"),
+    ("prompt wrong type", "completions", body(GOOD, prompt={"text": "a"}), 400, "prompt"),
+    ("messages wrong type", "chat/completions", body(CHAT, messages="hi"), 400, "messages"),
+    ("bad role", "chat/completions", body(CHAT, messages=[{"role": "robot", "content": "x"}]), 400, "messages[0].role"),
+    ("max_tokens wrong type", "completions", body(GOOD, max_tokens="ten"), 400, "max_tokens"),
+    ("max_tokens zero", "completions", body(GOOD, max_tokens=0), 400, "max_tokens"),
+    ("max_tokens negative", "chat/completions", body(CHAT, max_tokens=-5), 400, "max_tokens"),
+    ("max_tokens beyond context", "completions", body(GOOD, max_tokens=100_000), 400, "max_tokens"),
+    ("prompt plus max_tokens beyond context", "completions", body(GOOD, max_tokens=1020), 400, "max_tokens"),
+    ("temperature negative", "completions", body(GOOD, temperature=-1), 400, "temperature"),
+    ("temperature wrong type", "completions", body(GOOD, temperature="warm"), 400, "temperature"),
+    ("top_p zero", "completions", body(GOOD, top_p=0), 400, "top_p"),
+    ("top_p above one", "chat/completions", body(CHAT, top_p=1.01), 400, "top_p"),
+    ("n above one", "completions", body(GOOD, n=2), 400, "n"),
+    ("stream wrong type", "completions", body(GOOD, stream="yes"), 400, "stream"),
+    ("stop wrong type", "completions", body(GOOD, stop=7), 400, "stop"),
+    ("seed wrong type", "completions", body(GOOD, seed="x"), 400, "seed"),
+    ("bad drafter", "completions", body(GOOD, speculative={"drafter": "oracle"}), 400, "speculative.drafter"),
+    ("bad k", "completions", body(GOOD, speculative={"k": -1}), 400, "speculative.k"),
+    ("prompt longer than context", "completions", body(GOOD, prompt=LONG_PROMPT), 400, "prompt"),
+    ("chat longer than context", "chat/completions",
+     body(CHAT, messages=[{"role": "user", "content": LONG_PROMPT}]), 400, "messages"),
+    ("streamed prompt longer than context", "completions", body(GOOD, prompt=LONG_PROMPT, stream=True), 400, "prompt"),
+    ("token id outside vocabulary", "completions", body(GOOD, prompt=[1, 2, 10**9]), 400, "prompt"),
+    ("empty prompt", "completions", body(GOOD, prompt=""), 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize("name, path, raw, status, param", CASES, ids=[c[0] for c in CASES])
+def test_bad_request_then_good_request(live_server, name, path, raw, status, param):
+    url = f"{live_server.api_url}/{path}"
+    response = httpx.post(url, content=raw, headers={"Content-Type": "application/json"}, timeout=60)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    good = httpx.post(f"{live_server.api_url}/completions", json=GOOD, timeout=60)
+    assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 1
+
+
+def test_unknown_route_and_method(live_server):
+    missing = httpx.get(live_server.base_url + "/v1/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong = httpx.get(live_server.api_url + "/completions")
+    assert wrong.status_code == 405 and "error" in wrong.json()
+
+
+def test_openai_client_sees_typed_errors(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=1, n=2)
+    assert err.value.body["param"] == "n"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+
+
+def test_draft_drafter_without_draft_model(small_server):
+    response = httpx.post(small_server.api_url + "/completions", json={**GOOD, "speculative": {"drafter": "draft"}},
+                          headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "speculative.drafter"
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
+                                     {"Authorization": f"Basic {API_KEY}"}])
+def test_api_key_required(small_server, headers):
+    response = httpx.post(small_server.api_url + "/completions", json=GOOD, headers=headers, timeout=60)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(small_server.api_url + "/models", headers=headers).status_code == 401
+
+
+def test_api_key_accepted_by_openai_client(small_server):
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=small_server.api_url, api_key="wrong", max_retries=0).models.list()
+    good = openai.OpenAI(base_url=small_server.api_url, api_key=API_KEY, max_retries=0, timeout=60)
+    response = good.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=2, temperature=0)
+    assert response.usage.completion_tokens == 2 and response.usage.model_extra["drafter"] == "lookup"
+    # the open endpoints stay open
+    assert httpx.get(small_server.base_url + "/health").status_code == 200
+    assert httpx.get(small_server.base_url + "/metrics").status_code == 200
+
+
+def test_errors_are_counted(live_server):
+    text = httpx.get(live_server.base_url + "/metrics").text
+    assert 'specdecode_errors_total{kind="invalid_json"}' in text
+    assert 'specdecode_errors_total{kind="model_not_found"}' in text

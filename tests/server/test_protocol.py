@@ -1,0 +1,149 @@
+"""Request validation, the fair queue and per-token text pieces: no model, no server."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specdecode.server.protocol import ApiError, parse_chat, parse_completion, parse_json_body
+from specdecode.server.scheduler import FairQueue, Job, PieceDecoder, QueueFull
+
+BASE = {"model": "m", "prompt": "hi"}
+
+
+def test_completion_defaults_and_fields():
+    req = parse_completion({**BASE, "max_tokens": 5, "temperature": 0, "top_p": 0.5, "seed": 3, "stop": "x",
+                            "stream": True, "stream_options": {"include_usage": True}, "user": "u",
+                            "speculative": {"drafter": "lookup", "k": 4}})
+    assert (req.max_tokens, req.temperature, req.top_p, req.seed, req.stop) == (5, 0.0, 0.5, 3, ["x"])
+    assert req.stream and req.include_usage and req.user == "u" and (req.drafter, req.k) == ("lookup", 4)
+    plain = parse_completion(BASE)
+    assert plain.max_tokens is None and plain.drafter is None and plain.k == "auto" and plain.stop == []
+    assert parse_completion({**BASE, "prompt": ["one"]}).prompt == "one"
+    assert parse_completion({**BASE, "prompt": [1, 2, 3]}).prompt == [1, 2, 3]
+    assert parse_completion({**BASE, "n": 1, "logprobs": None, "presence_penalty": 0}).prompt == "hi"
+
+
+def test_chat_messages_and_content_parts():
+    req = parse_chat({"model": "m", "max_completion_tokens": 7, "messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})
+    assert req.prompt == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+    assert req.max_tokens == 7 and req.kind == "chat"
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"model": None}, "model"),
+    ({"model": 3}, "model"),
+    ({"prompt": None}, "prompt"),
+    ({"prompt": 42}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": -3}, "max_tokens"),
+    ({"max_tokens": "8"}, "max_tokens"),
+    ({"max_tokens": 2.5}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"n": 2}, "n"),
+    ({"seed": -1}, "seed"),
+    ({"stop": 5}, "stop"),
+    ({"stop": ["a", 1]}, "stop"),
+    ({"stream": "yes"}, "stream"),
+    ({"speculative": "draft"}, "speculative"),
+    ({"speculative": {"drafter": "tree"}}, "speculative.drafter"),
+    ({"speculative": {"k": 100}}, "speculative.k"),
+    ({"speculative": {"k": "many"}}, "speculative.k"),
+    ({"speculative": {"depth": 2}}, "speculative"),
+    ({"best_of": 3}, "best_of"),
+    ({"logprobs": 2}, "logprobs"),
+    ({"echo": True}, "echo"),
+    ({"logit_bias": {"1": 5}}, "logit_bias"),
+])
+def test_completion_rejections_name_the_param(change, param):
+    body = {**BASE, **change}
+    body = {k: v for k, v in body.items() if v is not None}
+    with pytest.raises(ApiError) as err:
+        parse_completion(body)
+    assert err.value.status == 400 and err.value.param == param
+    assert set(err.value.body()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("messages, param", [
+    (None, "messages"),
+    ([], "messages"),
+    ("hello", "messages"),
+    (["hello"], "messages[0]"),
+    ([{"role": "wizard", "content": "x"}], "messages[0].role"),
+    ([{"role": "user"}], "messages[0].content"),
+    ([{"role": "user", "content": 5}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "messages[0].content"),
+])
+def test_chat_rejections(messages, param):
+    body = {"model": "m"} if messages is None else {"model": "m", "messages": messages}
+    with pytest.raises(ApiError) as err:
+        parse_chat(body)
+    assert err.value.status == 400 and err.value.param == param
+
+
+@pytest.mark.parametrize("raw, code", [
+    (b"", "invalid_json"), (b"{not json", "invalid_json"), (b"[1, 2]", "invalid_json"),
+    (b'{"a": NaN}', "invalid_json"), (b"\xff\xfe{}", "invalid_encoding"),
+])
+def test_body_rejections(raw, code):
+    with pytest.raises(ApiError) as err:
+        parse_json_body(raw)
+    assert err.value.status == 400 and err.value.code == code
+
+
+def _job(user: str, tag: int) -> Job:
+    job = Job(request=None, user_key=user)
+    job.tag = tag
+    return job
+
+
+def test_fair_queue_round_robin_bound_and_remove():
+    async def scenario():
+        queue = FairQueue(5)
+        for user, tag in [("a", 1), ("a", 2), ("a", 3), ("b", 4), ("c", 5)]:
+            queue.put_nowait(_job(user, tag))
+        with pytest.raises(QueueFull):
+            queue.put_nowait(_job("d", 6))
+        order = [(await queue.get()).tag for _ in range(2)]
+        extra = _job("b", 7)
+        queue.put_nowait(extra)
+        assert queue.remove(extra) and not queue.remove(extra)
+        order += [queue.get_nowait().tag for _ in range(len(queue))]
+        assert queue.get_nowait() is None
+        return order
+
+    # a's flood does not make b and c wait behind all of it
+    assert asyncio.run(scenario()) == [1, 4, 5, 2, 3]
+
+
+def test_fair_queue_get_waits_for_a_put():
+    async def scenario():
+        queue = FairQueue(1)
+        getter = asyncio.create_task(queue.get())
+        await asyncio.sleep(0.01)
+        assert not getter.done()
+        queue.put_nowait(_job("a", 1))
+        return (await asyncio.wait_for(getter, 1)).tag
+
+    assert asyncio.run(scenario()) == 1
+
+
+class FakeTokenizer:
+    """Byte-level tokens: token i is byte i, decoded as UTF-8 with replacement characters."""
+
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_piece_decoder_keeps_multibyte_characters_whole():
+    decoder = PieceDecoder(FakeTokenizer())
+    pieces = [decoder.push(b) for b in "aé€b".encode()]
+    assert "".join(pieces) == "aé€b"
+    assert pieces == ["a", "", "é", "", "", "€", "b"]

@@ -1,0 +1,229 @@
+"""Sampled speculative output has exactly the target's distribution, and the test can tell when not.
+
+Method: Pearson chi-square goodness of fit of sampled outputs against the EXACT target
+distribution (computed, not sampled), cells with expected count < 5 pooled. Every run uses fixed
+seeds, so results are deterministic; the threshold p > 1e-3 is the false-alarm rate a correct
+verifier would face on fresh seeds (one run in a thousand). Each check is paired with deliberately
+broken verifiers, run through the same machinery, that must come out with p < 1e-6: both
+directions are asserted, so a test too weak to see a broken verifier fails too.
+
+Two levels:
+- unit: `verify_sampling` called directly on fixed target rows p and draft rows q (fast, many
+  samples): the k-th emitted token of a step is distributed as p_k;
+- end to end: the engine samples thousands of 3-token continuations from a tiny random model with
+  an 8-token vocabulary (draft model, prompt lookup, top-k/top-p), compared with the exact
+  distribution over all 8^3 continuations from the target's processed probabilities.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+import torch
+
+import specdecode.engine as engine_module
+from specdecode.engine import Engine
+from specdecode.sampling import SamplingParams, probabilities, sample
+from specdecode.verify import Verdict, verify_sampling
+from testlib import as_loaded, chi_square_pvalue, make_tiny_model
+
+PASS_P = 1e-3  # false-alarm rate of the correct-verifier checks
+FAIL_P = 1e-6  # a broken verifier must be rejected far beyond doubt
+
+
+# --------------------------------------------------------------------------- broken verifiers
+def accept_everything(target_probs, draft_tokens, draft_probs, generator):
+    """Keeps every draft token: the output follows the draft, not the target."""
+    k = len(draft_tokens)
+    return Verdict(k, sample(target_probs[k], generator))
+
+
+def residual_is_p(target_probs, draft_tokens, draft_probs, generator):
+    """Correct acceptance rule, but a rejected position is resampled from p instead of max(0, p - q)."""
+    k = len(draft_tokens)
+    for i, token in enumerate(draft_tokens):
+        p_x = float(target_probs[i, token])
+        q_x = float(draft_probs[i, token]) if draft_probs is not None else 1.0
+        if float(torch.rand(1, generator=generator)) * q_x > p_x:
+            return Verdict(i, sample(target_probs[i], generator))
+    return Verdict(k, sample(target_probs[k], generator))
+
+
+def ratio_inverted(target_probs, draft_tokens, draft_probs, generator):
+    """Accepts with min(1, q/p) instead of min(1, p/q); the residual is right."""
+    k = len(draft_tokens)
+    for i, token in enumerate(draft_tokens):
+        p_x = float(target_probs[i, token])
+        q_x = float(draft_probs[i, token]) if draft_probs is not None else 1.0
+        if float(torch.rand(1, generator=generator)) * p_x > q_x:
+            residual = (target_probs[i] - (draft_probs[i] if draft_probs is not None else 0)).clamp(min=0)
+            if draft_probs is None:
+                residual = target_probs[i].clone()
+                residual[token] = 0
+            return Verdict(i, sample(residual / residual.sum(), generator))
+    return Verdict(k, sample(target_probs[k], generator))
+
+
+BROKEN = {"accept_everything": accept_everything, "residual_is_p": residual_is_p, "ratio_inverted": ratio_inverted}
+
+
+# --------------------------------------------------------------------------- unit level
+VOCAB_UNIT = 6
+
+
+def unit_rows(seed):
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.softmax(1.2 * torch.randn(4, VOCAB_UNIT, generator=gen), -1)  # [K+1, V], K = 3
+    q = torch.softmax(1.2 * torch.randn(3, VOCAB_UNIT, generator=gen), -1)  # [K, V]
+    return p, q
+
+
+def emitted_position_pvalues(verifier, point_mass: bool, samples: int = 6000, seed: int = 0) -> list[float]:
+    """Chi-square p-values of "the i-th token emitted by one step ~ p_i", for i = 0, 1, 2.
+
+    Draft token i comes from q_i (or is fixed, for a point-mass drafter). Given the first i tokens
+    were accepted, emitted token i must follow p_i exactly whatever q is.
+    """
+    p, q = unit_rows(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    fixed_draft = [int(p[i].argmin()) if i % 2 else int(p[i].argmax()) for i in range(3)]
+    counts = [Counter() for _ in range(3)]
+    for _ in range(samples):
+        if point_mass:
+            draft, draft_probs = fixed_draft, None
+        else:
+            draft = [int(torch.multinomial(q[i], 1, generator=gen)) for i in range(3)]
+            draft_probs = q
+        emitted = verifier(p, draft, draft_probs, gen).tokens(draft)
+        for i, token in enumerate(emitted[:3]):
+            counts[i][token] += 1
+    pvalues = []
+    for i in range(3):
+        n = sum(counts[i].values())
+        assert n > 300, f"too few samples reach emitted position {i}: {n}"
+        expected = {token: float(p[i, token]) for token in range(VOCAB_UNIT)}
+        pvalues.append(chi_square_pvalue(counts[i], expected, n)[1])
+    return pvalues
+
+
+@pytest.mark.parametrize("point_mass", [False, True], ids=["draft-q", "point-mass-q"])
+def test_unit_verify_sampling_emits_target_distribution(point_mass):
+    pvalues = emitted_position_pvalues(verify_sampling, point_mass)
+    assert min(pvalues) > PASS_P, f"p-values per emitted position {pvalues}"
+
+
+@pytest.mark.parametrize("broken", BROKEN)
+@pytest.mark.parametrize("point_mass", [False, True], ids=["draft-q", "point-mass-q"])
+def test_unit_statistics_catch_a_broken_verifier(broken, point_mass):
+    if broken == "ratio_inverted" and point_mass:
+        pytest.skip("with q a point mass, min(1, q/p) = 1: the same as accepting everything (covered)")
+    pvalues = emitted_position_pvalues(BROKEN[broken], point_mass)
+    assert min(pvalues) < FAIL_P, f"a broken verifier ({broken}) passed: p-values {pvalues}"
+
+
+# --------------------------------------------------------------------------- end to end
+VOCAB = 8
+CONTINUATION = 3
+PROMPT = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]  # repetitive, so prompt lookup proposes drafts
+
+
+@pytest.fixture(scope="module")
+def pair():
+    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, n_heads=4, n_kv_heads=2, head_dim=8,
+                 context_length=64)
+    target = make_tiny_model(seed=101, scale=0.25, **small)
+    draft = make_tiny_model(seed=202, scale=0.25, **small)  # unrelated weights: many rejections
+    return target, draft
+
+
+def exact_distribution(model, prompt, length, sampling) -> dict[tuple, float]:
+    """P(continuation) for every continuation of `length` tokens, from the processed target rows."""
+    def next_probs(prefix):
+        cache = model.new_cache(len(prompt) + length + 1)
+        logits = model(torch.tensor(list(prompt) + list(prefix)), cache, logits="last")
+        return probabilities(logits, sampling)[0].double()
+
+    dist = {(): 1.0}
+    for _ in range(length):
+        grown = {}
+        for prefix, mass in dist.items():
+            if mass == 0.0:
+                continue
+            row = next_probs(prefix)
+            for token in range(model.config.vocab_size):
+                if row[token] > 0:
+                    grown[prefix + (token,)] = mass * float(row[token])
+        dist = grown
+    return dist
+
+
+def sample_continuations(target, draft, drafter, sampling, samples, seed_base, k=2):
+    engine = Engine(as_loaded(target), as_loaded(draft), max_context=32, check_invariants=True)
+    counts = Counter()
+    drafted = accepted = bonus = 0
+    for i in range(samples):
+        params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p, seed=seed_base + i)
+        result = engine.generate(PROMPT, drafter=drafter, k=k, sampling=params, max_new_tokens=CONTINUATION)
+        assert len(result.token_ids) == CONTINUATION  # no eos in the fake tokenizer
+        counts[tuple(result.token_ids)] += 1
+        drafted += result.stats.drafted
+        accepted += result.stats.accepted
+        bonus += result.stats.origins["bonus"]
+    return counts, drafted, accepted, bonus
+
+
+E2E_CASES = {
+    # name: (drafter, sampling, samples)
+    "draft-model": ("draft", SamplingParams(temperature=1.0), 3000),
+    "lookup-point-mass": ("lookup", SamplingParams(temperature=1.0), 2500),
+    "draft-model-top-k-top-p": ("draft", SamplingParams(temperature=0.8, top_k=5, top_p=0.9), 2500),
+}
+
+
+def run_case(pair, name, seed_base):
+    target, draft = pair
+    drafter, sampling, samples = E2E_CASES[name]
+    exact = exact_distribution(target, PROMPT, CONTINUATION, sampling)
+    assert abs(sum(exact.values()) - 1.0) < 1e-9
+    assert max(exact.values()) < 0.2, "the test model is too peaked to say much"
+    counts, drafted, accepted, bonus = sample_continuations(target, draft, drafter, sampling, samples, seed_base)
+    stat, pvalue, df = chi_square_pvalue(counts, exact, samples)
+    return pvalue, stat, df, drafted, accepted, bonus
+
+
+@pytest.mark.parametrize("name", E2E_CASES)
+def test_engine_samples_follow_the_exact_target_distribution(pair, name):
+    pvalue, stat, df, drafted, accepted, bonus = run_case(pair, name, seed_base=10_000)
+    # the speculative paths really ran: acceptances, rejections and bonus tokens all happened
+    assert drafted > 0 and 0 < accepted < drafted and bonus > 0, (drafted, accepted, bonus)
+    assert pvalue > PASS_P, f"chi-square {stat:.1f} on {df} df, p = {pvalue:.2e}"
+
+
+@pytest.mark.parametrize(
+    "name, broken",
+    [("draft-model", "accept_everything"), ("draft-model", "residual_is_p"), ("lookup-point-mass", "residual_is_p"),
+     ("draft-model-top-k-top-p", "residual_is_p")],
+)
+def test_engine_distribution_test_fails_on_a_broken_verifier(pair, name, broken, monkeypatch):
+    monkeypatch.setattr(engine_module, "verify_sampling", BROKEN[broken])
+    pvalue, stat, df, *_ = run_case(pair, name, seed_base=10_000)
+    assert pvalue < FAIL_P, f"broken verifier {broken} passed the {name} test: chi-square {stat:.1f} on {df} df, p = {pvalue:.2e}"
+
+
+def test_plain_sampling_follows_the_exact_target_distribution(pair):
+    """The reference itself: the engine without a drafter samples from the same exact distribution."""
+    target, draft = pair
+    sampling = SamplingParams(temperature=1.0)
+    exact = exact_distribution(target, PROMPT, CONTINUATION, sampling)
+    counts, drafted, *_ = sample_continuations(target, draft, "none", sampling, 2000, seed_base=50_000)
+    assert drafted == 0
+    stat, pvalue, df = chi_square_pvalue(counts, exact, 2000)
+    assert pvalue > PASS_P, f"chi-square {stat:.1f} on {df} df, p = {pvalue:.2e}"
+
+
+def test_exact_distribution_enumerates_all_continuations(pair):
+    target, _ = pair
+    exact = exact_distribution(target, PROMPT, 2, SamplingParams(temperature=1.0))
+    assert len(exact) == VOCAB**2
+    assert set(exact) == set(itertools.product(range(VOCAB), repeat=2))

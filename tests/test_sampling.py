@@ -1,0 +1,157 @@
+"""Sampling parameters, logit processing (temperature, top-k, top-p) and seeded sampling."""
+import math
+
+import pytest
+import torch
+
+from specdecode.engine import Engine
+from specdecode.errors import InputError
+from specdecode.sampling import SamplingParams, probabilities, sample
+from testlib import as_loaded, make_tiny_model
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=-1.0),
+        dict(temperature=-1e-9),
+        dict(temperature=math.nan),
+        dict(temperature="0.7"),
+        dict(temperature=None),
+        dict(top_p=0.0),
+        dict(top_p=-0.5),
+        dict(top_p=1.0001),
+        dict(top_p=math.nan),
+        dict(top_k=-1),
+        dict(top_k=1.5),
+        dict(top_k=True),
+        dict(seed="42"),
+        dict(seed=True),
+        dict(seed=1.0),
+    ],
+)
+def test_invalid_sampling_values_raise_input_error(kwargs):
+    with pytest.raises(InputError):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(), dict(temperature=0.7, top_k=40, top_p=0.95, seed=0), dict(temperature=2, top_p=1), dict(top_p=1e-6), dict(top_k=0)],
+)
+def test_valid_sampling_values(kwargs):
+    params = SamplingParams(**kwargs)
+    assert params.greedy == (params.temperature == 0)
+
+
+def test_defaults_are_greedy():
+    assert SamplingParams().greedy
+
+
+def rand_logits(rows=3, vocab=50, seed=0):
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_temperature_scales_logits_before_softmax():
+    logits = rand_logits()
+    for t in (0.3, 1.0, 2.5):
+        probs = probabilities(logits, SamplingParams(temperature=t))
+        torch.testing.assert_close(probs, torch.softmax(logits / t, -1))
+        torch.testing.assert_close(probs.sum(-1), torch.ones(3))
+
+
+@pytest.mark.parametrize("k", [1, 3, 10, 49])
+def test_top_k_keeps_exactly_the_k_largest(k):
+    logits = rand_logits()
+    probs = probabilities(logits, SamplingParams(temperature=0.8, top_k=k))
+    for row in range(3):
+        kept = set(torch.nonzero(probs[row]).flatten().tolist())
+        assert kept == set(torch.topk(logits[row], k).indices.tolist())
+        expected = torch.softmax(logits[row, sorted(kept)] / 0.8, -1)
+        torch.testing.assert_close(probs[row, sorted(kept)], expected)
+
+
+def test_top_k_at_least_vocab_is_a_no_op():
+    logits = rand_logits()
+    plain = probabilities(logits, SamplingParams(temperature=1.0))
+    for k in (50, 51, 1000):
+        torch.testing.assert_close(probabilities(logits, SamplingParams(temperature=1.0, top_k=k)), plain)
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.3, 0.5, 0.9, 0.99])
+def test_top_p_keeps_the_smallest_prefix_reaching_p(top_p):
+    logits = rand_logits(rows=4, vocab=30, seed=2)
+    probs = probabilities(logits, SamplingParams(temperature=1.0, top_p=top_p))
+    full = torch.softmax(logits, -1)
+    for row in range(4):
+        order = torch.argsort(full[row], descending=True).tolist()
+        cumulative, expected = 0.0, []
+        for token in order:  # nucleus: tokens until the mass reaches top_p (the one crossing it included)
+            expected.append(token)
+            cumulative += float(full[row, token])
+            if cumulative >= top_p:
+                break
+        kept = torch.nonzero(probs[row]).flatten().tolist()
+        assert set(kept) == set(expected)
+        torch.testing.assert_close(probs[row, expected], full[row, expected] / full[row, expected].sum())
+
+
+def test_tiny_top_p_is_argmax_and_top_p_one_is_a_no_op():
+    logits = rand_logits()
+    near_greedy = probabilities(logits, SamplingParams(temperature=1.0, top_p=1e-6))
+    assert torch.equal(near_greedy.argmax(-1), logits.argmax(-1))
+    assert torch.equal((near_greedy > 0).sum(-1), torch.ones(3, dtype=torch.long))
+    torch.testing.assert_close(probabilities(logits, SamplingParams(temperature=1.0, top_p=1.0)), torch.softmax(logits, -1))
+
+
+def test_top_k_then_top_p_combined():
+    logits = rand_logits(rows=1, vocab=20, seed=3)
+    probs = probabilities(logits, SamplingParams(temperature=1.0, top_k=5, top_p=0.6))[0]
+    top5 = torch.topk(logits[0], 5).indices
+    renorm = torch.softmax(logits[0, top5], -1)  # top-p acts on the top-k distribution
+    cumulative, expected = 0.0, []
+    for index in torch.argsort(renorm, descending=True).tolist():
+        expected.append(int(top5[index]))
+        cumulative += float(renorm[index])
+        if cumulative >= 0.6:
+            break
+    assert set(torch.nonzero(probs).flatten().tolist()) == set(expected)
+
+
+def test_sample_is_reproducible_with_a_seeded_generator():
+    probs = torch.softmax(rand_logits(rows=1)[0] / 6, -1)  # a flat distribution
+    draws = [sample(probs, SamplingParams(temperature=1, seed=s).generator()) for s in range(20)]
+    again = [sample(probs, SamplingParams(temperature=1, seed=s).generator()) for s in range(20)]
+    assert draws == again
+    assert len(set(draws)) > 1
+    gen = SamplingParams(temperature=1, seed=7).generator()
+    sequence = [sample(probs, gen) for _ in range(30)]
+    gen = SamplingParams(temperature=1, seed=7).generator()
+    assert sequence == [sample(probs, gen) for _ in range(30)]
+
+
+def test_sample_never_draws_a_zero_probability_token():
+    probs = torch.zeros(10)
+    probs[[2, 7]] = torch.tensor([0.25, 0.75])
+    gen = SamplingParams(temperature=1, seed=0).generator()
+    assert {sample(probs, gen) for _ in range(200)} == {2, 7}
+
+
+@pytest.mark.parametrize("drafter", ["none", "draft", "lookup"])
+def test_seed_reproducibility_through_the_engine(drafter):
+    target = make_tiny_model(seed=20, vocab_size=64)
+    draft = make_tiny_model(seed=21, vocab_size=64)
+    engine = Engine(as_loaded(target), as_loaded(draft), max_context=128, check_invariants=True)
+    prompt = [1, 2, 3, 4, 1, 2, 3]
+
+    def run(seed):
+        sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.95, seed=seed)
+        return engine.generate(prompt, drafter=drafter, k=3, sampling=sampling, max_new_tokens=20).token_ids
+
+    first = run(123)
+    assert len(first) == 20
+    assert run(123) == first  # same seed, same engine (warm caches): same tokens
+    fresh = Engine(as_loaded(target), as_loaded(draft), max_context=128, check_invariants=True)
+    sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.95, seed=123)
+    assert fresh.generate(prompt, drafter=drafter, k=3, sampling=sampling, max_new_tokens=20).token_ids == first
+    assert any(run(seed) != first for seed in (1, 2, 3))

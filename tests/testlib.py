@@ -1,0 +1,199 @@
+"""Helpers shared by the tests: tiny random-weight models, a fake tokenizer, references, statistics.
+
+Tiny models are built directly (`Transformer(ModelConfig(...))`, every parameter filled from a
+seeded generator) so exact properties can be checked in milliseconds. The fake tokenizer wraps a
+minimal stand-in for a Hugging Face tokenizer in the real `Tokenizer` class, so the engine runs its
+normal code path (eos ids, fingerprint, streaming decode) without any files.
+
+(A uniquely named module rather than conftest.py, so `import` never picks up another conftest.)
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from specdecode.models.config import ModelConfig
+from specdecode.models.loader import LoadedModel
+from specdecode.models.transformer import Transformer
+from specdecode.tokenizer import Tokenizer
+
+SMOLLM2 = "smollm2-135m"
+QWEN_05B = "qwen2.5-coder-0.5b"
+
+
+# --------------------------------------------------------------------------- tiny models
+def tiny_config(
+    arch: str = "llama",
+    vocab_size: int = 256,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    head_dim: int = 16,
+    context_length: int = 256,
+    tie_embeddings: bool = False,
+    qkv_bias: bool | None = None,
+) -> ModelConfig:
+    return ModelConfig(
+        arch=arch,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        context_length=context_length,
+        tie_embeddings=tie_embeddings,
+        qkv_bias=(arch == "qwen2") if qkv_bias is None else qkv_bias,
+    )
+
+
+def fill_random(model: Transformer, seed: int, scale: float = 0.3) -> Transformer:
+    """Fill every parameter (created as zeros/ones) with seeded random values."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            value = 1.0 + 0.1 * torch.randn(param.shape, generator=gen)
+        elif "bias" in name:
+            value = 0.5 * torch.randn(param.shape, generator=gen)
+        else:
+            value = scale * torch.randn(param.shape, generator=gen)
+        param.data = value.to(param.dtype)
+    return model
+
+
+def make_tiny_model(seed: int = 0, scale: float = 0.3, max_positions: int | None = None, **config) -> Transformer:
+    cfg = tiny_config(**config)
+    return fill_random(Transformer(cfg, max_positions=max_positions), seed, scale)
+
+
+def perturbed_copy(model: Transformer, noise: float, seed: int, max_positions: int | None = None) -> Transformer:
+    """Same architecture and weights plus small noise: a strong draft for `model`."""
+    copy = Transformer(model.config, max_positions=max_positions or model.max_positions)
+    gen = torch.Generator().manual_seed(seed)
+    source = dict(model.named_parameters())
+    for name, param in copy.named_parameters():
+        base = source[name].data.float()
+        param.data = (base + noise * base.abs().mean() * torch.randn(base.shape, generator=gen)).to(param.dtype)
+    return copy
+
+
+# --------------------------------------------------------------------------- fake tokenizer
+class FakeHF:
+    """The part of a Hugging Face tokenizer that `specdecode.tokenizer.Tokenizer` uses.
+
+    Token i is the text `<prefix i>`; encode() parses such text back, so string prompts work too.
+    """
+
+    def __init__(self, vocab_size: int, prefix: str = "t", chat_template: str | None = None):
+        self.vocab_size = vocab_size
+        self.prefix = prefix
+        self.chat_template = chat_template
+        self.eos_token_id = None
+        self.unk_token_id = None
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def piece(self, tid: int) -> str:
+        return f"<{self.prefix}{tid}>"
+
+    def get_vocab(self) -> dict[str, int]:
+        return {self.piece(i): i for i in range(self.vocab_size)}
+
+    def convert_tokens_to_ids(self, name):
+        return None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        body = text.replace(">", " ").replace(f"<{self.prefix}", " ").split()
+        return [int(x) for x in body]
+
+    def decode(self, ids, skip_special_tokens: bool = True, clean_up_tokenization_spaces: bool = False) -> str:
+        return "".join(self.piece(int(i)) for i in ids)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=False):
+        return "".join(m["content"] for m in messages)
+
+
+def fake_tokenizer(vocab_size: int, eos_ids=(), prefix: str = "t") -> Tokenizer:
+    return Tokenizer(hf=FakeHF(vocab_size, prefix), eos_ids=frozenset(eos_ids))
+
+
+def as_loaded(model: Transformer, tokenizer: Tokenizer | None = None, name: str = "tiny") -> LoadedModel:
+    tokenizer = tokenizer or fake_tokenizer(model.config.vocab_size)
+    return LoadedModel(name, Path(name), model, tokenizer, backend="native", dtype="float32", load_seconds=0.0)
+
+
+# --------------------------------------------------------------------------- references
+def reference_greedy(model, prompt: list[int], max_new_tokens: int, eos_ids=(), max_context: int | None = None) -> list[int]:
+    """Plain greedy decoding, one token per forward pass, written independently of the engine.
+
+    Mirrors the engine's limits: stops after an EOS (not emitted), after max_new_tokens, or when
+    the cache is full (the token predicted from the last cached position is still emitted).
+    """
+    cache = model.new_cache(max_context)
+    logits = model(torch.tensor(prompt), cache, logits="last")[0]
+    out: list[int] = []
+    while True:
+        token = int(logits.argmax())
+        if token in eos_ids:
+            return out
+        out.append(token)
+        if len(out) >= max_new_tokens or cache.length >= cache.max_len:
+            return out
+        logits = model(torch.tensor([token]), cache, logits="last")[0]
+
+
+def top2_gap_at(model, context: list[int]) -> float:
+    """Target's top-1 minus top-2 logit after `context` (token-by-token pass): how close a tie was."""
+    cache = model.new_cache(len(context) + 1)
+    logits = None
+    for token in context:
+        logits = model(torch.tensor([token]), cache, logits="last")[0]
+    top = torch.topk(logits.float(), 2).values
+    return float(top[0] - top[1])
+
+
+def divergence_report(model, prompt: list[int], expected: list[int], got: list[int]) -> str:
+    """Where two greedy outputs first differ and whether it was a floating-point near-tie."""
+    index = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    if index >= min(len(expected), len(got)):
+        return f"outputs differ in length only ({len(expected)} vs {len(got)} tokens)"
+    gap = top2_gap_at(model, list(prompt) + list(expected[:index]))
+    return (
+        f"first difference at generated token {index}: expected {expected[index]}, got {got[index]};"
+        f" the target's top-2 logit gap there is {gap:.3g}"
+        + (" (a floating-point near-tie)" if gap < 1e-3 else " (NOT a near-tie: a bug)")
+    )
+
+
+# --------------------------------------------------------------------------- statistics
+def chi_square_pvalue(observed: dict, expected_probs: dict, n: int, min_expected: float = 5.0) -> tuple[float, float, int]:
+    """Pearson chi-square goodness of fit; cells with expected count < min_expected are pooled.
+
+    Returns (statistic, p-value, degrees of freedom). Observations outside the support of
+    expected_probs go into the pooled cell, so they count against the fit.
+    """
+    big = {cell for cell, prob in expected_probs.items() if prob * n >= min_expected}
+    stat = 0.0
+    cells = 0
+    for cell in big:
+        e = expected_probs[cell] * n
+        stat += (observed.get(cell, 0) - e) ** 2 / e
+        cells += 1
+    pooled_expected = n - sum(expected_probs[c] * n for c in big)
+    pooled_observed = n - sum(observed.get(c, 0) for c in big)
+    if pooled_expected >= 1e-9:
+        stat += (pooled_observed - pooled_expected) ** 2 / pooled_expected
+        cells += 1
+    elif pooled_observed > 0:
+        return math.inf, 0.0, cells - 1
+    df = cells - 1
+    pvalue = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    return stat, pvalue, df
