@@ -8,19 +8,19 @@ from typing import Callable, Iterator
 import torch
 
 from .drafters.base import Draft, Drafter
-from .drafters.draft_model import DraftModelDrafter, common_prefix_len
+from .drafters.draft_model import DraftModelDrafter, TreeDrafter, common_prefix_len
 from .drafters.lookup import PromptLookupDrafter
 from .drafters.vocab import frequent_token_ids
 from .errors import InputError, ModelError
 from .models.loader import LoadedModel
-from .models.transformer import Transformer
+from .models.transformer import Transformer, tree_mask, tree_positions
 from .policy import CostModel, DraftLengthPolicy
 from .sampling import SamplingParams, probabilities
 from .stats import GenerationStats
 from .tokenizer import StreamDecoder
-from .verify import verify_greedy, verify_sampling
+from .verify import verify_greedy, verify_sampling, verify_tree_greedy
 
-DRAFTER_NAMES = ("none", "draft", "lookup")
+DRAFTER_NAMES = ("none", "draft", "lookup", "tree")
 
 
 @dataclass
@@ -96,6 +96,10 @@ class Engine:
                 self._drafters["draft"] = drafter
             drafter.min_confidence = min_confidence
             return drafter
+        if name == "tree":
+            if self.draft is None:
+                raise InputError("drafter 'tree' needs a draft model (load the engine with one)")
+            return self._drafters.setdefault("tree", TreeDrafter(self.draft.model, self.max_context))
         if name == "lookup":
             return self._drafters.setdefault("lookup", PromptLookupDrafter())
         raise InputError(f"unknown drafter '{name}' (choose from {', '.join(DRAFTER_NAMES)})")
@@ -152,6 +156,8 @@ class Engine:
         if len(prompt_ids) >= self.max_context:
             raise InputError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_context}")
         drafter_obj = self.drafter(drafter, min_confidence)
+        if isinstance(drafter_obj, TreeDrafter) and not sampling.greedy:
+            raise InputError("token-tree drafting supports greedy decoding only; use the chain drafter for sampling")
         return self._loop(prompt_ids, drafter_obj, k, sampling, max_new_tokens, stops, max_k, should_stop)
 
     # ----------------------------------------------------------------- the loop
@@ -189,31 +195,33 @@ class Engine:
         while finish is None:
             budget = max_new_tokens - len(generated)
             room = self.cache.max_len - self.cache.length - 1  # positions left after the pending token
-            if room < 0:
-                finish = "length"
+            if room < 0:  # the context is full: nothing more can be generated
+                stats.finish_reason = finish = "length"
+                stats.time_total = time.perf_counter() - started
+                self._finalise(stats, policy)
+                yield StreamEvent("", [], [], stats, finished=True)
                 break
             k_step = min(policy.choose(), budget - 1, room) if drafter is not None else 0
+            if isinstance(drafter, TreeDrafter):
+                k_step = min(k_step, room // 2)  # a tree block holds up to two tokens per depth
             t0 = time.perf_counter()
             draft = drafter.propose(sequence, k_step, sampling, generator) if k_step > 0 else Draft()
             t1 = time.perf_counter()
-            block = [sequence[-1]] + draft.tokens
-            logits = self.target.model(torch.tensor(block, device=device), self.cache, logits="all")
-            if sampling.greedy:
-                verdict = verify_greedy(logits, draft.tokens)
-            else:
-                verdict = verify_sampling(probabilities(logits, sampling), draft.tokens, draft.probs, generator)
+            accepted_tokens, next_token = self._verify(sequence[-1], draft, sampling, generator)
             t2 = time.perf_counter()
-            self.cache.truncate(self.cache.length - len(block) + 1 + verdict.accepted)
-            self.cached_ids = sequence[:] + draft.tokens[: verdict.accepted]
-            new_tokens = verdict.tokens(draft.tokens)
+            block_size = 1 + len(draft.tokens)
+            self.cached_ids = sequence[:] + accepted_tokens
+            new_tokens = accepted_tokens + [next_token]
             sequence.extend(new_tokens)
+            drafted = draft.chain_length if draft.parents is not None else len(draft.tokens)
             if drafter is not None:
                 drafter.accept(sequence)
-                policy.update(verdict.accepted, len(draft.tokens))
+                policy.update(len(accepted_tokens), drafted)
             if self.check_invariants:
                 self._assert_invariants(sequence, drafter)
-            self._account(stats, draft, verdict, len(block), t1 - t0, t2 - t1, drafter)
-            origins = ["draft"] * verdict.accepted + ["bonus" if verdict.accepted == len(draft.tokens) and draft.tokens else "target"]
+            bonus = drafted > 0 and len(accepted_tokens) >= drafted
+            self._account(stats, draft, drafted, len(accepted_tokens), bonus, block_size, t1 - t0, t2 - t1, drafter)
+            origins = ["draft"] * len(accepted_tokens) + ["bonus" if bonus else "target"]
             # Stop conditions, in the order the tokens were produced.
             kept = []
             for token in new_tokens:
@@ -250,20 +258,39 @@ class Engine:
             if finish is None and len(generated) >= max_new_tokens:
                 finish = "length"
 
-    def _account(self, stats, draft, verdict, block_size, draft_time, verify_time, drafter) -> None:
-        stats.drafted += len(draft.tokens)
-        stats.accepted += verdict.accepted
+    def _verify(self, last_token: int, draft: Draft, sampling, generator) -> tuple[list[int], int]:
+        """One target pass over [last accepted token] + draft; rolls the target cache back to what was kept."""
+        device = self.target.model.device
+        start = self.cache.length
+        block = [last_token] + draft.tokens
+        tokens = torch.tensor(block, device=device)
+        if draft.parents is not None:
+            logits = self.target.model(
+                tokens, self.cache,
+                positions=tree_positions(start, draft.parents, device),
+                attn_mask=tree_mask(start, draft.parents, device),
+            )
+            path, next_token = verify_tree_greedy(logits, draft.tokens, draft.parents)
+            self.cache.compact(start, [0] + path)
+            return [block[i] for i in path], next_token
+        logits = self.target.model(tokens, self.cache, logits="all")
+        if sampling.greedy:
+            verdict = verify_greedy(logits, draft.tokens)
+        else:
+            verdict = verify_sampling(probabilities(logits, sampling), draft.tokens, draft.probs, generator)
+        self.cache.truncate(start + 1 + verdict.accepted)
+        return draft.tokens[: verdict.accepted], verdict.next_token
+
+    def _account(self, stats, draft, drafted, accepted, bonus, block_size, draft_time, verify_time, drafter) -> None:
+        stats.drafted += drafted
+        stats.accepted += accepted
         stats.target_passes += 1
         stats.draft_passes += draft.forward_passes
-        stats.steps_by_k[len(draft.tokens)] += 1
+        stats.steps_by_k[drafted] += 1
         stats.time_draft += draft_time
         stats.time_verify += verify_time
-        if verdict.accepted == len(draft.tokens) and draft.tokens:
-            stats.origins["draft"] += verdict.accepted
-            stats.origins["bonus"] += 1
-        else:
-            stats.origins["draft"] += verdict.accepted
-            stats.origins["target"] += 1
+        stats.origins["draft"] += accepted
+        stats.origins["bonus" if bonus else "target"] += 1
         self.costs.record_target(block_size, verify_time)
         if drafter is not None and draft.tokens:
             self.costs.record_draft(drafter.name, draft_time / max(1, draft.forward_passes or len(draft.tokens)))

@@ -66,3 +66,24 @@ def _residual(p: torch.Tensor, draft_probs: torch.Tensor | None, i: int, token: 
     total = residual.sum()
     # Rejection implies p(x) < q(x), so some mass of p lies elsewhere; guard rounding anyway.
     return residual / total if total > 0 else p
+
+
+def verify_tree_greedy(target_logits: torch.Tensor, draft_tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+    """Greedy verification of a token tree scored in one pass.
+
+    target_logits [N+1, V]: row j scores the token after block node j (node 0 = last accepted token).
+    Walk from the root, each time into the child whose token is the target's argmax. Returns the
+    accepted path as block indices (ascending: parents precede children) and the next token.
+    """
+    choice = target_logits.argmax(dim=-1).tolist()
+    children: dict[int, dict[int, int]] = {}
+    for index, (token, parent) in enumerate(zip(draft_tokens, parents)):
+        children.setdefault(parent, {}).setdefault(token, index + 1)
+    path: list[int] = []
+    node = 0
+    while True:
+        child = children.get(node, {}).get(choice[node])
+        if child is None:
+            return path, choice[node]
+        path.append(child)
+        node = child

@@ -15,6 +15,10 @@ class Draft:
     # chosen deterministically (greedy, or a lookup): the verifier treats q as a point mass.
     probs: torch.Tensor | None = None
     forward_passes: int = 0  # draft-model passes spent (0 for model-free drafters)
+    # Token trees: parents[i] is the block index of token i's parent, where block index 0 is the
+    # last accepted token and token i sits at block index i + 1. None means a plain chain.
+    parents: list[int] | None = None
+    chain_length: int = 0  # for trees: the depth of the main chain (what counts as drafted)
 
 
 class Drafter:

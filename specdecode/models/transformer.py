@@ -159,3 +159,23 @@ def causal_mask(start: int, seq: int, device) -> torch.Tensor:
     rows = torch.arange(seq, device=device)[:, None]
     cols = torch.arange(start + seq, device=device)[None, :]
     return cols <= rows + start
+
+
+def tree_mask(start: int, parents: list[int], device) -> torch.Tensor:
+    """[N+1, start+N+1] bool for a block of the root plus N tree nodes: each sees the prefix, itself and its ancestors."""
+    size = len(parents) + 1
+    visible = torch.zeros(size, size, dtype=torch.bool)
+    visible[0, 0] = True
+    for index, parent in enumerate(parents, start=1):
+        visible[index] = visible[parent]
+        visible[index, index] = True
+    mask = torch.ones(size, start + size, dtype=torch.bool)
+    mask[:, start:] = visible
+    return mask.to(device)
+
+
+def tree_positions(start: int, parents: list[int], device) -> torch.Tensor:
+    depth = [0]
+    for parent in parents:
+        depth.append(depth[parent] + 1)
+    return torch.tensor(depth, device=device) + start

@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine import DRAFTER_NAMES
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion, parse_json_body
 from .scheduler import Job, Scheduler, Step
@@ -138,7 +139,8 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
     """The ASGI app around one engine. `default_drafter` is used when a request names none."""
     metrics = ServerMetrics(model_name)
     scheduler = Scheduler(engine, default_drafter, queue_size, metrics, default_max_tokens, max_k)
-    drafters = ["none", "lookup"] + (["draft"] if engine.draft is not None else [])
+    needs_draft_model = [name for name in DRAFTER_NAMES if name not in ("none", "lookup")]
+    drafters = ["none", "lookup"] + (needs_draft_model if engine.draft is not None else [])
     created = int(time.time())
     playground = _playground_html()
 
@@ -218,8 +220,8 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
         body = await read_body(request)
         gen = parse_chat(body) if kind == "chat" else parse_completion(body)
         check_model(gen.model)
-        if gen.drafter == "draft" and engine.draft is None:
-            raise ApiError(400, "drafter 'draft' needs a draft model; this server has none (try 'lookup')",
+        if gen.drafter in needs_draft_model and engine.draft is None:
+            raise ApiError(400, f"drafter '{gen.drafter}' needs a draft model; this server has none (try 'lookup')",
                            param="speculative.drafter")
         client = request.client.host if request.client else "?"
         job = Job(gen, user_key=gen.user or client)

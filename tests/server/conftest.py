@@ -1,11 +1,13 @@
 """A real specdecode server on a loopback port, shared by the server tests.
 
-The target and the draft are both smollm2-135m (the same tokenizer, so a valid pair), loaded as two
-separate objects: the engine may narrow the draft model's output vocabulary, which must not touch the
-target. One torch thread: the test machine's cores are shared, and oversubscribed threads are 10x slower.
+The target and the draft are both smollm2-135m (the same tokenizer, so a valid pair), as two separate
+objects: the engine may narrow the draft model's output vocabulary, which must not touch the target.
+One torch thread while these tests run: the server, its clients and torch share two cores, and
+oversubscribed torch threads are many times slower.
 """
 from __future__ import annotations
 
+import copy
 import socket
 import threading
 import time
@@ -54,21 +56,28 @@ def start_server(app, engine) -> LiveServer:
     return LiveServer(f"http://127.0.0.1:{port}", app, engine, server, thread)
 
 
-@pytest.fixture(scope="session")
-def models():
+@pytest.fixture(scope="package")
+def models(request):
+    """(target, draft): smollm2-135m twice, as separate objects (the draft's weights are a copy)."""
     torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    from specdecode.models.loader import load_model
-
     try:
-        target = load_model(MODEL, max_context=CONTEXT)
-        draft = load_model(MODEL, max_context=CONTEXT)
-    except Exception as exc:  # not cached and no network: nothing to serve
-        pytest.skip(f"{MODEL} is not available: {exc}")
-    return target, draft
+        target = request.getfixturevalue("smollm2")  # the suite's shared copy, when the root conftest has it
+    except pytest.FixtureLookupError:
+        from specdecode.models.loader import load_model
+
+        try:
+            target = load_model(MODEL, device="cpu", max_context=CONTEXT)
+        except Exception as exc:  # not cached and no network: nothing to serve
+            pytest.skip(f"{MODEL} is not available: {exc}")
+    draft = copy.copy(target)
+    draft.model = copy.deepcopy(target.model)
+    yield target, draft
+    torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def live_server(models):
     from specdecode.engine import Engine
     from specdecode.server.app import create_app
@@ -81,7 +90,7 @@ def live_server(models):
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def reference_engine(models):
     """Plain decoding with a separate engine (own caches) over the same target weights."""
     from specdecode.engine import Engine
@@ -98,7 +107,7 @@ def client(live_server):
 API_KEY = "test-key-123"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def small_server(models):
     """A second server over the same target weights: no draft model, an API key and a queue of one."""
     from specdecode.engine import Engine

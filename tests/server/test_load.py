@@ -67,7 +67,7 @@ def test_concurrent_streaming_clients(live_server):
 def test_disconnect_mid_stream_frees_the_engine(live_server):
     base = live_server.base_url
     cancelled_before = metric(base, "specdecode_cancelled_total", '{reason="client_disconnected"}')
-    body = {"model": MODEL, "prompt": "Write a long story about a dragon.", "max_tokens": 500, "temperature": 0,
+    body = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 500, "temperature": 0,
             "stream": True, "speculative": {"drafter": "none"}}
     with httpx.Client(timeout=60) as http:
         with http.stream("POST", live_server.api_url + "/completions", json=body) as response:
@@ -89,7 +89,7 @@ def test_full_queue_answers_429_then_recovers(small_server):
     """Queue of one: one request runs, one waits, the third is refused with Retry-After."""
     base, headers = small_server.base_url, {"Authorization": f"Bearer {API_KEY}"}
     health = lambda: httpx.get(base + "/health").json()  # noqa: E731
-    long_body = {"model": MODEL, "prompt": "Tell me everything about the sea.", "max_tokens": 400, "temperature": 0,
+    long_body = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400, "temperature": 0,
                  "stream": True, "speculative": {"drafter": "none"}}
     queued_result = {}
 

@@ -1,12 +1,9 @@
-"""Request validation, the fair queue and per-token text pieces: no model, no server."""
+"""Request parsing and validation: no model, no server."""
 from __future__ import annotations
-
-import asyncio
 
 import pytest
 
 from specdecode.server.protocol import ApiError, parse_chat, parse_completion, parse_json_body
-from specdecode.server.scheduler import FairQueue, Job, PieceDecoder, QueueFull
 
 BASE = {"model": "m", "prompt": "hi"}
 
@@ -53,7 +50,7 @@ def test_chat_messages_and_content_parts():
     ({"stop": ["a", 1]}, "stop"),
     ({"stream": "yes"}, "stream"),
     ({"speculative": "draft"}, "speculative"),
-    ({"speculative": {"drafter": "tree"}}, "speculative.drafter"),
+    ({"speculative": {"drafter": "oracle"}}, "speculative.drafter"),
     ({"speculative": {"k": 100}}, "speculative.k"),
     ({"speculative": {"k": "many"}}, "speculative.k"),
     ({"speculative": {"depth": 2}}, "speculative"),
@@ -96,54 +93,3 @@ def test_body_rejections(raw, code):
     with pytest.raises(ApiError) as err:
         parse_json_body(raw)
     assert err.value.status == 400 and err.value.code == code
-
-
-def _job(user: str, tag: int) -> Job:
-    job = Job(request=None, user_key=user)
-    job.tag = tag
-    return job
-
-
-def test_fair_queue_round_robin_bound_and_remove():
-    async def scenario():
-        queue = FairQueue(5)
-        for user, tag in [("a", 1), ("a", 2), ("a", 3), ("b", 4), ("c", 5)]:
-            queue.put_nowait(_job(user, tag))
-        with pytest.raises(QueueFull):
-            queue.put_nowait(_job("d", 6))
-        order = [(await queue.get()).tag for _ in range(2)]
-        extra = _job("b", 7)
-        queue.put_nowait(extra)
-        assert queue.remove(extra) and not queue.remove(extra)
-        order += [queue.get_nowait().tag for _ in range(len(queue))]
-        assert queue.get_nowait() is None
-        return order
-
-    # a's flood does not make b and c wait behind all of it
-    assert asyncio.run(scenario()) == [1, 4, 5, 2, 3]
-
-
-def test_fair_queue_get_waits_for_a_put():
-    async def scenario():
-        queue = FairQueue(1)
-        getter = asyncio.create_task(queue.get())
-        await asyncio.sleep(0.01)
-        assert not getter.done()
-        queue.put_nowait(_job("a", 1))
-        return (await asyncio.wait_for(getter, 1)).tag
-
-    assert asyncio.run(scenario()) == 1
-
-
-class FakeTokenizer:
-    """Byte-level tokens: token i is byte i, decoded as UTF-8 with replacement characters."""
-
-    def decode(self, ids):
-        return bytes(ids).decode("utf-8", errors="replace")
-
-
-def test_piece_decoder_keeps_multibyte_characters_whole():
-    decoder = PieceDecoder(FakeTokenizer())
-    pieces = [decoder.push(b) for b in "aé€b".encode()]
-    assert "".join(pieces) == "aé€b"
-    assert pieces == ["a", "", "é", "", "", "€", "b"]

@@ -1,0 +1,197 @@
+"""The fair queue, per-token text pieces and the worker, on a fake engine: no model, no server."""
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from specdecode.engine import StreamEvent
+from specdecode.server.metrics import ServerMetrics
+from specdecode.server.protocol import ApiError, GenerationRequest
+from specdecode.server.scheduler import FairQueue, Job, PieceDecoder, QueueFull, Scheduler
+from specdecode.stats import GenerationStats
+
+
+def _job(user: str, tag: int) -> Job:
+    job = Job(request=None, user_key=user)
+    job.tag = tag
+    return job
+
+
+def test_fair_queue_round_robin_bound_and_remove():
+    async def scenario():
+        queue = FairQueue(5)
+        for user, tag in [("a", 1), ("a", 2), ("a", 3), ("b", 4), ("c", 5)]:
+            queue.put_nowait(_job(user, tag))
+        with pytest.raises(QueueFull):
+            queue.put_nowait(_job("d", 6))
+        order = [(await queue.get()).tag for _ in range(2)]
+        extra = _job("b", 7)
+        queue.put_nowait(extra)
+        assert queue.remove(extra) and not queue.remove(extra)
+        order += [queue.get_nowait().tag for _ in range(len(queue))]
+        assert queue.get_nowait() is None
+        return order
+
+    # a's flood does not make b and c wait behind all of it
+    assert asyncio.run(scenario()) == [1, 4, 5, 2, 3]
+
+
+def test_fair_queue_get_waits_for_a_put():
+    async def scenario():
+        queue = FairQueue(1)
+        getter = asyncio.create_task(queue.get())
+        await asyncio.sleep(0.01)
+        assert not getter.done()
+        queue.put_nowait(_job("a", 1))
+        return (await asyncio.wait_for(getter, 1)).tag
+
+    assert asyncio.run(scenario()) == 1
+
+
+class FakeTokenizer:
+    """Byte-level tokens: token i is byte i, decoded as UTF-8 with replacement characters."""
+
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_piece_decoder_keeps_multibyte_characters_whole():
+    decoder = PieceDecoder(FakeTokenizer())
+    pieces = [decoder.push(b) for b in "aé€b".encode()]
+    assert "".join(pieces) == "aé€b"
+    assert pieces == ["a", "", "é", "", "", "€", "b"]
+
+
+class FakeEngine:
+    """Byte-level 'model' with a tiny context; each step emits one byte of the prompt, slowly."""
+
+    def __init__(self, max_context=32, step_seconds=0.0):
+        self.max_context = max_context
+        self.step_seconds = step_seconds
+        self.target = SimpleNamespace(vocab_size=256)
+        self.draft = None
+        self.tokenizer = FakeTokenizer()
+        self.calls = []
+
+    def encode_prompt(self, prompt, chat=None):
+        return list(prompt) if isinstance(prompt, list) else list(prompt.encode())
+
+    def stream(self, prompt_ids, *, max_new_tokens, should_stop, **kwargs):
+        self.calls.append({"max_new_tokens": max_new_tokens, **kwargs})
+
+        def steps():
+            stats = GenerationStats(drafter="none", prompt_tokens=len(prompt_ids))
+            for index in range(max_new_tokens):
+                time.sleep(self.step_seconds)
+                token = prompt_ids[index % len(prompt_ids)]
+                stats.generated_tokens = index + 1
+                stats.target_passes = index + 1
+                last = index + 1 == max_new_tokens
+                if not last and should_stop():
+                    stats.finish_reason = "cancelled"
+                    yield StreamEvent(chr(token), [token], ["target"], stats, finished=True)
+                    return
+                if last:
+                    stats.finish_reason = "length"
+                yield StreamEvent(chr(token), [token], ["target"], stats, finished=last)
+
+        return steps()
+
+
+def request(prompt="abc", max_tokens=None) -> GenerationRequest:
+    return GenerationRequest(kind="completion", model="fake", prompt=prompt, max_tokens=max_tokens, temperature=0)
+
+
+async def drain(job: Job) -> list:
+    events = []
+    while True:
+        kind, payload = await asyncio.wait_for(job.events.get(), 10)
+        events.append((kind, payload))
+        if kind == "error" or (kind == "step" and payload.finished):
+            return events
+
+
+def run_jobs(engine, *requests_, queue_size=4, before=None):
+    async def scenario():
+        scheduler = Scheduler(engine, "none", queue_size, ServerMetrics("fake"), default_max_tokens=8)
+        worker = asyncio.create_task(scheduler.run())
+        jobs = [Job(r, user_key="u") for r in requests_]
+        for job in jobs:
+            scheduler.submit(job)
+        if before:
+            await before(scheduler, jobs)
+        results = [await drain(job) for job in jobs]
+        worker.cancel()
+        scheduler.close()
+        return results
+
+    return asyncio.run(scenario())
+
+
+def test_default_max_tokens_is_capped_by_the_context():
+    engine = FakeEngine(max_context=32)
+    (short,), (long,) = [[e for e in r if e[0] == "step"][-1:] for r in run_jobs(engine, request("abc"), request("x" * 29))]
+    assert [c["max_new_tokens"] for c in engine.calls] == [8, 3]  # the default, then the room left
+    assert short[1].finish_reason == long[1].finish_reason == "length"
+    assert long[1].stats["generated_tokens"] == 3
+
+
+@pytest.mark.parametrize("prompt, max_tokens, param, code", [
+    ("x" * 32, None, "prompt", "context_length_exceeded"),
+    ("x" * 20, 13, "max_tokens", "context_length_exceeded"),
+    ([5, 300], 2, "prompt", None),  # a token id outside the vocabulary
+    ("", 2, "prompt", None),
+])
+def test_limits_are_checked_before_generation(prompt, max_tokens, param, code):
+    engine = FakeEngine(max_context=32)
+    (events,) = run_jobs(engine, request(prompt, max_tokens))
+    kind, error = events[0]
+    assert kind == "error" and isinstance(error, ApiError)
+    assert (error.status, error.param, error.code) == (400, param, code)
+    assert engine.calls == []
+
+
+def test_cancel_stops_the_running_job_and_drops_a_queued_one():
+    engine = FakeEngine(max_context=64, step_seconds=0.02)
+
+    async def cancel_both(scheduler, jobs):
+        await asyncio.sleep(0.1)
+        scheduler.cancel(jobs[1], "client_disconnected")  # still queued: leaves the queue at once
+        assert len(scheduler.queue) == 0 and jobs[1].state == "done"
+        scheduler.cancel(jobs[0], "client_disconnected")
+        jobs[1].events.put_nowait(("error", ApiError(499, "gone")))  # its handler would have returned already
+
+    first, second = run_jobs(engine, request("abc", 40), request("abc", 40), before=cancel_both)
+    assert first[-1][1].finish_reason == "cancelled" and first[-1][1].stats["generated_tokens"] < 40
+    assert second == [("error", second[0][1])] and len(engine.calls) == 1
+
+
+def test_shutdown_fails_queued_jobs_and_cancels_the_running_one():
+    engine = FakeEngine(max_context=64, step_seconds=0.02)
+
+    async def shut_down(scheduler, jobs):
+        await asyncio.sleep(0.1)
+        scheduler.begin_shutdown()
+        with pytest.raises(ApiError) as refused:
+            scheduler.submit(Job(request(), user_key="late"))
+        assert refused.value.status == 503
+
+    running, queued = run_jobs(engine, request("abc", 40), request("abc", 40), before=shut_down)
+    assert running[-1][1].finish_reason == "cancelled"
+    assert queued[0][0] == "error" and queued[0][1].status == 503
+
+
+def test_queue_full_is_a_429_with_retry_after():
+    async def scenario():
+        scheduler = Scheduler(FakeEngine(), "none", 1, ServerMetrics("fake"))
+        scheduler.submit(Job(request(), user_key="a"))
+        with pytest.raises(ApiError) as err:
+            scheduler.submit(Job(request(), user_key="b"))
+        scheduler.close()
+        return err.value
+
+    error = asyncio.run(scenario())
+    assert error.status == 429 and error.code == "queue_full" and int(error.headers["Retry-After"]) >= 1

@@ -1,0 +1,148 @@
+"""Drafters: prompt lookup and the draft model, on their own (no engine)."""
+import pytest
+import torch
+
+from specdecode.drafters.base import Draft, Drafter
+from specdecode.drafters.draft_model import DraftModelDrafter, common_prefix_len
+from specdecode.drafters.lookup import PromptLookupDrafter
+from specdecode.sampling import SamplingParams
+from testlib import make_tiny_model, reference_greedy
+
+GREEDY = SamplingParams()
+
+
+def gen(seed=0):
+    return SamplingParams(temperature=1.0, seed=seed).generator()
+
+
+# --------------------------------------------------------------------------- prompt lookup
+def test_lookup_copies_what_followed_the_latest_match_of_the_longest_ngram():
+    drafter = PromptLookupDrafter(max_ngram=3)
+    #          0  1  2  3  4  5  6  7  8  9  10 11
+    context = [1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3]
+    # "2 3" occurs at 1 and 5; the most recent earlier one (5) wins -> 5, 6, 7
+    assert drafter.propose(context, 3, GREEDY, gen()).tokens == [5, 6, 7]
+    # a longer n-gram beats a more recent shorter one: "1 2 3" at 0 -> 4, 9
+    assert drafter.propose([1, 2, 3, 4, 9, 2, 3, 8, 1, 2, 3], 2, GREEDY, gen()).tokens == [4, 9]
+
+
+def test_lookup_limits_the_draft_to_k_and_to_the_available_text():
+    drafter = PromptLookupDrafter()
+    context = [7, 8, 1, 2, 3, 7, 8]
+    assert drafter.propose(context, 2, GREEDY, gen()).tokens == [1, 2]
+    assert drafter.propose(context, 10, GREEDY, gen()).tokens == [1, 2, 3, 7, 8]
+
+
+def test_lookup_without_a_match_or_with_no_budget_proposes_nothing():
+    drafter = PromptLookupDrafter()
+    assert drafter.propose([1, 2, 3, 4, 5], 4, GREEDY, gen()).tokens == []
+    assert drafter.propose([1, 2, 1, 2], 0, GREEDY, gen()).tokens == []
+    assert drafter.propose([3], 4, GREEDY, gen()).tokens == []
+
+
+def test_lookup_never_matches_the_suffix_with_itself():
+    drafter = PromptLookupDrafter(max_ngram=4, min_ngram=2)
+    assert drafter.propose([5, 6, 7, 8], 3, GREEDY, gen()).tokens == []
+    assert drafter.propose([5, 5, 5, 5], 3, GREEDY, gen()).tokens == [5]
+
+
+def test_lookup_draft_has_no_distributions():
+    draft = PromptLookupDrafter().propose([1, 2, 1], 3, SamplingParams(temperature=1.0), gen())
+    assert draft.tokens == [2, 1] and draft.probs is None and draft.forward_passes == 0
+
+
+@pytest.mark.parametrize("bad", [dict(max_ngram=0), dict(min_ngram=0), dict(max_ngram=2, min_ngram=3)])
+def test_lookup_rejects_bad_ngram_sizes(bad):
+    with pytest.raises(ValueError):
+        PromptLookupDrafter(**bad)
+
+
+def test_base_drafter_interface():
+    assert Draft().tokens == [] and Draft().probs is None
+    with pytest.raises(NotImplementedError):
+        Drafter().propose([1], 1, GREEDY, gen())
+
+
+def test_common_prefix_len():
+    assert common_prefix_len([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len([1, 2], [1, 2, 3]) == 2
+
+
+# --------------------------------------------------------------------------- draft model
+@pytest.fixture(scope="module")
+def model():
+    return make_tiny_model(seed=40, arch="qwen2", max_positions=64)
+
+
+CONTEXT = [3, 14, 15, 92, 65, 35, 89, 79]
+
+
+def test_greedy_proposal_is_the_draft_models_own_greedy_continuation(model):
+    drafter = DraftModelDrafter(model, max_len=64)
+    draft = drafter.propose(CONTEXT, 6, GREEDY, gen())
+    assert draft.tokens == reference_greedy(model, CONTEXT, 6)
+    assert draft.probs is None
+    assert draft.forward_passes == 6
+    # the cache holds the context and every proposed token but the last (never fed)
+    assert drafter.cache.length == len(drafter.cached) == len(CONTEXT) + 5
+    assert drafter.cached == CONTEXT + draft.tokens[:-1]
+
+
+def test_accept_rolls_the_draft_cache_back_to_the_confirmed_prefix(model):
+    drafter = DraftModelDrafter(model, max_len=64)
+    draft = drafter.propose(CONTEXT, 5, GREEDY, gen())
+    confirmed = CONTEXT + draft.tokens[:2] + [200]  # two accepted, then a correction
+    drafter.accept(confirmed)
+    assert drafter.cached == CONTEXT + draft.tokens[:2]
+    assert drafter.cache.length == len(drafter.cached)
+    # the next proposal continues from the confirmed sequence as a fresh drafter would
+    again = drafter.propose(confirmed, 4, GREEDY, gen())
+    assert again.tokens == reference_greedy(model, confirmed, 4)
+    assert drafter.cached == confirmed + again.tokens[:-1]
+
+
+def test_proposal_after_an_unrelated_context_matches_a_fresh_drafter(model):
+    drafter = DraftModelDrafter(model, max_len=64)
+    drafter.propose(CONTEXT, 5, GREEDY, gen())
+    other = [1, 2, 3, 4]
+    reused = drafter.propose(other, 4, GREEDY, gen()).tokens
+    assert reused == DraftModelDrafter(model, max_len=64).propose(other, 4, GREEDY, gen()).tokens
+    drafter.reset()
+    assert drafter.cache.length == 0 and drafter.cached == []
+
+
+def test_k_is_capped_by_the_room_in_the_draft_cache(model):
+    drafter = DraftModelDrafter(model, max_len=12)
+    assert len(drafter.propose(CONTEXT, 8, GREEDY, gen()).tokens) == 12 - len(CONTEXT)
+    assert drafter.cache.length <= 12
+    assert drafter.propose(list(range(12)), 3, GREEDY, gen()).tokens == []
+
+
+def test_sampled_proposals_come_with_their_distributions(model):
+    drafter = DraftModelDrafter(model, max_len=64)
+    sampling = SamplingParams(temperature=1.0, top_k=20)
+    draft = drafter.propose(CONTEXT, 5, sampling, gen(1))
+    assert len(draft.tokens) == 5 and draft.probs.shape == (5, model.config.vocab_size)
+    torch.testing.assert_close(draft.probs.sum(-1), torch.ones(5))
+    assert ((draft.probs > 0).sum(-1) == 20).all()  # processed exactly like the target's rows
+    for row, token in enumerate(draft.tokens):
+        assert draft.probs[row, token] > 0
+    # same generator seed, same proposal
+    assert DraftModelDrafter(model, max_len=64).propose(CONTEXT, 5, sampling, gen(1)).tokens == draft.tokens
+
+
+def test_min_confidence_stops_drafting_early(model):
+    drafter = DraftModelDrafter(model, max_len=64, min_confidence=1.0)
+    draft = drafter.propose(CONTEXT, 6, GREEDY, gen())
+    assert len(draft.tokens) == 1  # the first token is always proposed
+    drafter.min_confidence = 0.0
+    assert len(drafter.propose(CONTEXT, 6, GREEDY, gen()).tokens) == 6
+
+
+def test_chunked_prefill_of_a_long_context(model):
+    long_context = [(i * 37 + 11) % 256 for i in range(40)]
+    chunked = DraftModelDrafter(model, max_len=64, prefill_chunk=7)
+    whole = DraftModelDrafter(model, max_len=64)
+    assert chunked.propose(long_context, 4, GREEDY, gen()).tokens == whole.propose(long_context, 4, GREEDY, gen()).tokens
+    assert chunked.cache.length == len(chunked.cached) == 43

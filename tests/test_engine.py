@@ -1,0 +1,173 @@
+"""Engine API: pairing checks, input validation, streaming, statistics."""
+import pytest
+
+from specdecode.engine import Engine, check_same_tokenizer
+from specdecode.errors import InputError, ModelError
+from specdecode.sampling import SamplingParams
+from testlib import as_loaded, fake_tokenizer, make_tiny_model
+
+PROMPT = [5, 9, 13, 5, 9, 2, 77, 5, 9]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = make_tiny_model(seed=30)
+    draft = make_tiny_model(seed=31)
+    return target, draft
+
+
+@pytest.fixture
+def engine(pair):
+    target, draft = pair
+    return Engine(as_loaded(target, name="target"), as_loaded(draft, name="draft"), max_context=64, check_invariants=True)
+
+
+# --------------------------------------------------------------------------- pairing
+def test_mismatched_tokenizers_are_refused(pair):
+    target, draft = pair
+    target_lm = as_loaded(target, fake_tokenizer(256, prefix="t"), "target")
+    draft_lm = as_loaded(draft, fake_tokenizer(256, prefix="other"), "draft")  # same size, other tokens
+    with pytest.raises(ModelError, match="different tokenizers") as info:
+        Engine(target_lm, draft_lm)
+    assert "draft" in str(info.value) and "target" in str(info.value)
+
+
+def test_tokenizers_of_different_sizes_are_refused(pair):
+    target, _ = pair
+    bigger = make_tiny_model(seed=32, vocab_size=300)
+    with pytest.raises(ModelError):
+        Engine(as_loaded(target), as_loaded(bigger))
+
+
+def test_same_tokenizer_but_different_output_sizes_is_refused(pair):
+    target, _ = pair
+    bigger = make_tiny_model(seed=32, vocab_size=300)
+    with pytest.raises(ModelError, match="scores"):
+        check_same_tokenizer(as_loaded(target, fake_tokenizer(256)), as_loaded(bigger, fake_tokenizer(256)))
+
+
+def test_matching_pair_is_accepted(pair):
+    target, draft = pair
+    Engine(as_loaded(target, fake_tokenizer(256, eos_ids={1})), as_loaded(draft, fake_tokenizer(256)))
+
+
+# --------------------------------------------------------------------------- validation
+def test_draft_drafter_without_draft_model(pair):
+    engine = Engine(as_loaded(pair[0]), None, max_context=64)
+    with pytest.raises(InputError, match="draft model"):
+        engine.generate(PROMPT, drafter="draft", max_new_tokens=3)
+    assert engine.generate(PROMPT, drafter="lookup", k=2, max_new_tokens=3).token_ids
+
+
+def test_unknown_drafter_name(engine):
+    with pytest.raises(InputError, match="unknown drafter"):
+        engine.generate(PROMPT, drafter="medusa", max_new_tokens=3)
+
+
+@pytest.mark.parametrize("k", [-1, 65, "fast", 2.5, None])
+def test_invalid_k(engine, k):
+    with pytest.raises(InputError):
+        engine.generate(PROMPT, drafter="draft", k=k, max_new_tokens=3)
+
+
+@pytest.mark.parametrize("max_new_tokens", [0, -3, 2.5, "8"])
+def test_invalid_max_new_tokens(engine, max_new_tokens):
+    with pytest.raises(InputError):
+        engine.generate(PROMPT, drafter="draft", k=2, max_new_tokens=max_new_tokens)
+
+
+@pytest.mark.parametrize("prompt", ["", 42, None])
+def test_invalid_prompts(engine, prompt):
+    with pytest.raises(InputError):
+        engine.generate(prompt, drafter="draft", k=2, max_new_tokens=3)
+
+
+def test_empty_token_list_prompt(engine):
+    with pytest.raises(InputError):
+        engine.generate([], drafter="draft", k=2, max_new_tokens=3)
+
+
+@pytest.mark.parametrize("bad_id", [256, 10_000, -1])
+def test_token_ids_outside_the_vocabulary_are_an_input_error(engine, bad_id):
+    """A token-id prompt (the server accepts them) with an id the model does not have must be refused
+    with a clear InputError, not an IndexError from the embedding, and -1 must not silently wrap
+    around to the last token."""
+    with pytest.raises(InputError):
+        engine.generate([5, bad_id, 7], drafter="draft", k=2, max_new_tokens=3)
+
+
+def test_chat_on_a_model_without_template(engine):
+    with pytest.raises(InputError, match="chat template"):
+        engine.generate("<t5><t6>", chat=True, drafter="none", max_new_tokens=2)
+    with pytest.raises(InputError, match="chat template"):
+        engine.generate([{"role": "user", "content": "hi"}], drafter="none", max_new_tokens=2)
+
+
+def test_text_prompt_is_encoded_with_the_tokenizer(engine):
+    by_text = engine.generate("<t5><t9><t13>", drafter="none", max_new_tokens=5)
+    by_ids = engine.generate([5, 9, 13], drafter="none", max_new_tokens=5)
+    assert by_text.token_ids == by_ids.token_ids
+
+
+# --------------------------------------------------------------------------- streaming and stats
+@pytest.mark.parametrize("drafter", ["none", "draft", "lookup"])
+def test_stream_events_add_up_to_the_result(engine, drafter):
+    result = engine.generate(PROMPT, drafter=drafter, k=3, max_new_tokens=25)
+    events = list(engine.stream(PROMPT, drafter=drafter, k=3, max_new_tokens=25))
+    assert [t for e in events for t in e.tokens] == result.token_ids
+    assert "".join(e.text for e in events) == result.text == engine.tokenizer.decode(result.token_ids)
+    assert [o for e in events for o in e.origins] == result.origins
+    assert all(len(e.origins) == len(e.tokens) for e in events)
+    assert events[-1].finished and not any(e.finished for e in events[:-1])
+
+
+@pytest.mark.parametrize("drafter", ["draft", "lookup"])
+def test_statistics_are_consistent(engine, drafter):
+    result = engine.generate(PROMPT, drafter=drafter, k=4, max_new_tokens=30)
+    stats = result.stats
+    assert stats.generated_tokens == len(result.token_ids) == 30
+    assert stats.prompt_tokens == len(PROMPT)
+    assert stats.finish_reason == "length"
+    assert stats.alpha == pytest.approx(stats.accepted / stats.drafted)
+    assert stats.tau == pytest.approx(stats.generated_tokens / stats.target_passes)
+    assert sum(stats.steps_by_k.values()) == stats.target_passes
+    assert sum(k * n for k, n in stats.steps_by_k.items()) == stats.drafted
+    assert sum(stats.origins.values()) == stats.generated_tokens
+    assert stats.origins["draft"] == stats.accepted
+    for origin in ("draft", "target", "bonus"):
+        assert result.origins.count(origin) == stats.origins[origin]
+    if drafter == "draft":
+        assert stats.draft_passes > 0
+    else:
+        assert stats.draft_passes == 0
+    assert stats.time_total > 0 and stats.tokens_per_s > 0
+    as_dict = stats.to_dict()
+    for key in ("alpha", "tau", "drafted", "accepted", "target_passes", "draft_passes", "tokens_per_s", "time"):
+        assert key in as_dict
+    assert any("alpha" in line for line in stats.summary_lines())
+
+
+def test_plain_decoding_statistics(engine):
+    stats = engine.generate(PROMPT, drafter="none", max_new_tokens=12).stats
+    assert stats.drafted == 0 and stats.alpha is None
+    assert stats.target_passes == 12 and stats.tau == 1.0
+
+
+def test_should_stop_cancels(engine):
+    calls = []
+
+    def should_stop():
+        calls.append(1)
+        return len(calls) >= 3
+
+    result = engine.generate(PROMPT, drafter="draft", k=2, max_new_tokens=50, should_stop=should_stop)
+    assert result.finish_reason == "cancelled"
+    assert 0 < len(result.token_ids) < 50
+
+
+def test_sampling_with_every_drafter_runs_and_respects_limits(engine):
+    sampling = SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=3)
+    for drafter in ("none", "draft", "lookup"):
+        result = engine.generate(PROMPT, drafter=drafter, k=3, sampling=sampling, max_new_tokens=20)
+        assert len(result.token_ids) == 20
+        assert all(0 <= t < 256 for t in result.token_ids)

@@ -1,0 +1,346 @@
+"""Greedy speculative decoding == greedy autoregressive decoding of the same target, token for token.
+
+Every engine here runs with check_invariants=True: after each step the target cache holds exactly
+the confirmed sequence minus its last token and the draft cache a prefix of it (AssertionError
+otherwise). A mismatch reports the target's top-2 logit gap at the first differing token, to tell
+a floating-point near-tie from a bug.
+"""
+from __future__ import annotations
+
+import functools
+import random
+
+import pytest
+import torch
+
+from specdecode.drafters.base import Draft, Drafter
+from specdecode.drafters.draft_model import DraftModelDrafter
+from specdecode.drafters.lookup import PromptLookupDrafter
+from specdecode.engine import Engine
+from specdecode.errors import InputError
+from specdecode.models.loader import load_model
+from testlib import (
+    QWEN_05B,
+    SMOLLM2,
+    as_loaded,
+    divergence_report,
+    fake_tokenizer,
+    make_tiny_model,
+    perturbed_copy,
+    reference_greedy,
+)
+
+PROMPT = [17, 3, 99, 250, 3, 17, 42, 8, 200, 5, 61, 17]
+NEW_TOKENS = 40
+
+
+class OracleDrafter(Drafter):
+    """Proposes the known greedy continuation: every token accepted, bonus tokens every step."""
+
+    name = "oracle"
+
+    def __init__(self, prompt, continuation):
+        self.full = list(prompt) + list(continuation)
+
+    def propose(self, context, k, sampling, generator):
+        assert context == self.full[: len(context)], "the engine confirmed a token the target would not produce"
+        return Draft(self.full[len(context) : len(context) + k])
+
+
+class RandomDrafter(Drafter):
+    """Proposes random tokens (a draft rejected at once, almost always), of random length <= k."""
+
+    name = "random"
+
+    def __init__(self, vocab_size, seed=0):
+        self.vocab_size = vocab_size
+        self.rng = random.Random(seed)
+
+    def propose(self, context, k, sampling, generator):
+        length = self.rng.randint(0, k)
+        return Draft([self.rng.randrange(self.vocab_size) for _ in range(length)])
+
+
+@functools.lru_cache(maxsize=None)
+def models(arch: str):
+    """(target, strong draft, weak draft) for one architecture, built once."""
+    target = make_tiny_model(seed=1 if arch == "llama" else 2, arch=arch)
+    strong = perturbed_copy(target, noise=0.01, seed=7)
+    weak = make_tiny_model(seed=55, arch=arch)  # unrelated weights: alpha near 0
+    return target, strong, weak
+
+
+@functools.lru_cache(maxsize=None)
+def reference(arch: str, prompt: tuple, max_new_tokens: int, max_context: int | None = None) -> list[int]:
+    return reference_greedy(models(arch)[0], list(prompt), max_new_tokens, max_context=max_context)
+
+
+def make_engine(target, draft=None, max_context=128, eos_ids=()):
+    tokenizer = fake_tokenizer(target.config.vocab_size, eos_ids)
+    draft_lm = as_loaded(draft, fake_tokenizer(draft.config.vocab_size, eos_ids), "draft") if draft is not None else None
+    return Engine(as_loaded(target, tokenizer, "target"), draft_lm, max_context=max_context, check_invariants=True)
+
+
+def drafter_for(kind, engine, prompt, expected):
+    if kind in ("strong", "weak"):
+        return "draft"
+    if kind == "oracle":
+        return OracleDrafter(prompt, expected)
+    if kind == "random":
+        return RandomDrafter(engine.target.model.config.vocab_size)
+    return kind  # "lookup", "none"
+
+
+def check_identity(arch, kind, k, max_new_tokens=NEW_TOKENS, prompt=PROMPT, max_context=128):
+    target, strong, weak = models(arch)
+    expected = reference(arch, tuple(prompt), max_new_tokens, max_context)
+    engine = make_engine(target, weak if kind == "weak" else strong, max_context)
+    result = engine.generate(
+        list(prompt), drafter=drafter_for(kind, engine, prompt, expected), k=k, max_new_tokens=max_new_tokens
+    )
+    assert result.token_ids == expected, divergence_report(target, prompt, expected, result.token_ids)
+    assert len(result.origins) == len(result.token_ids)
+    assert result.stats.generated_tokens == len(expected)
+    assert engine.cache.length == len(prompt) + len(expected) - 1
+    return result
+
+
+# --------------------------------------------------------------------------- the main matrix
+@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("kind", ["strong", "weak", "lookup"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_speculative_equals_autoregressive(arch, kind, k):
+    result = check_identity(arch, kind, k)
+    stats = result.stats
+    assert stats.drafted > 0, "the drafter never proposed anything: speculation was not tested"
+    assert 0 <= stats.accepted <= stats.drafted
+    assert stats.finish_reason == "length"
+    if kind == "weak":
+        assert stats.alpha < 0.25, f"weak draft is not weak (alpha {stats.alpha:.2f})"
+    if kind == "strong":
+        assert stats.alpha > 0.4, f"strong draft is not strong (alpha {stats.alpha:.2f})"
+        assert stats.origins["bonus"] > 0
+
+
+@pytest.mark.parametrize("kind", ["strong", "weak", "lookup"])
+def test_speculative_with_auto_k_equals_autoregressive(kind):
+    check_identity("llama", kind, "auto")
+
+
+@pytest.mark.parametrize("kind", ["strong", "lookup"])
+def test_k_zero_with_a_drafter_is_plain_decoding(kind):
+    result = check_identity("llama", kind, 0)
+    assert result.stats.drafted == 0
+
+
+def test_plain_engine_decoding_equals_independent_reference():
+    result = check_identity("qwen2", "none", 0)
+    assert result.stats.target_passes == NEW_TOKENS
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_all_accepted_drafts_with_bonus_tokens(k):
+    result = check_identity("llama", "oracle", k)
+    stats = result.stats
+    assert stats.accepted == stats.drafted and stats.alpha == 1.0
+    assert stats.origins["bonus"] == stats.target_passes  # every step ended with a bonus token
+    assert stats.target_passes == -(-NEW_TOKENS // (k + 1))  # ceil: K+1 tokens per pass
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_drafts_rejected_at_once(k):
+    result = check_identity("qwen2", "random", k)
+    assert result.stats.accepted <= result.stats.drafted
+
+
+# --------------------------------------------------------------------------- edge cases
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 5, 9])
+@pytest.mark.parametrize("kind", ["strong", "oracle", "lookup"])
+def test_k_larger_than_the_tokens_left(kind, max_new_tokens):
+    result = check_identity("llama", kind, 8, max_new_tokens=max_new_tokens)
+    assert len(result.token_ids) == max_new_tokens
+    assert result.finish_reason == "length"
+    assert max(result.stats.steps_by_k, default=0) <= max_new_tokens - 1  # never drafts past the budget
+
+
+@pytest.mark.parametrize("kind", ["strong", "oracle", "lookup"])
+@pytest.mark.parametrize("k", [2, 8])
+def test_eos_inside_a_draft_ends_generation_there(kind, k):
+    target, strong, _ = models("llama")
+    expected = reference("llama", tuple(PROMPT), NEW_TOKENS)
+    # the EOS: a token the target really emits, at its first occurrence at step >= 3
+    stop_at = next(i for i in range(3, len(expected)) if expected[i] not in expected[:i])
+    eos = expected[stop_at]
+    assert reference_greedy(target, PROMPT, NEW_TOKENS, eos_ids={eos}) == expected[:stop_at]
+    engine = make_engine(target, strong, eos_ids={eos})
+    # the oracle keeps proposing the tokens after EOS, so EOS sits inside an accepted draft
+    result = engine.generate(PROMPT, drafter=drafter_for(kind, engine, PROMPT, expected), k=k, max_new_tokens=NEW_TOKENS)
+    assert result.token_ids == expected[:stop_at], divergence_report(target, PROMPT, expected[:stop_at], result.token_ids)
+    assert eos not in result.token_ids
+    assert result.finish_reason == "stop"
+    assert result.stats.generated_tokens == stop_at
+    assert result.text == engine.tokenizer.decode(expected[:stop_at])
+
+
+@pytest.mark.parametrize("kind", ["strong", "oracle"])
+def test_stop_string_inside_an_accepted_run(kind):
+    target, strong, _ = models("llama")
+    expected = reference("llama", tuple(PROMPT), NEW_TOKENS)
+    stop_at = next(i for i in range(4, len(expected)) if expected[i] not in expected[:i])
+    engine = make_engine(target, strong)
+    stop = engine.tokenizer.decode([expected[stop_at]])
+    events = list(engine.stream(PROMPT, drafter=drafter_for(kind, engine, PROMPT, expected), k=8,
+                                max_new_tokens=NEW_TOKENS, stop=[stop]))
+    text = "".join(e.text for e in events)
+    assert text == engine.tokenizer.decode(expected[:stop_at])
+    assert stop not in text
+    assert events[-1].finished and events[-1].stats.finish_reason == "stop"
+    assert sum(len(e.tokens) for e in events[:-1]) <= stop_at
+
+
+@pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "oracle", "none"])
+@pytest.mark.parametrize("k", [1, 8, "auto"])
+@pytest.mark.parametrize("prompt_len", [44, 47])
+def test_prompt_that_nearly_fills_the_context(kind, k, prompt_len):
+    max_context = 48
+    prompt = [(7 * i + 3) % 256 for i in range(prompt_len)]
+    result = check_identity("llama", kind, k, max_new_tokens=100, prompt=prompt, max_context=max_context)
+    assert result.finish_reason == "length"
+    # every cache position is used; the token predicted from the last one is still emitted
+    assert len(result.token_ids) == max_context + 1 - prompt_len
+
+
+def test_prompt_as_long_as_the_context_is_refused():
+    target, strong, _ = models("llama")
+    engine = make_engine(target, strong, max_context=32)
+    with pytest.raises(InputError, match="context"):
+        engine.generate(list(range(32)), drafter="draft", k=4, max_new_tokens=4)
+    # the engine still works afterwards
+    assert engine.generate(list(range(31)), drafter="draft", k=4, max_new_tokens=4).token_ids
+
+
+def test_draft_model_with_a_shorter_context_than_the_target():
+    target, _, _ = models("llama")
+    short_draft = perturbed_copy(target, noise=0.01, seed=7, max_positions=24)
+    engine = make_engine(target, short_draft, max_context=128)
+    expected = reference("llama", tuple(PROMPT), NEW_TOKENS)
+    result = engine.generate(PROMPT, drafter="draft", k=4, max_new_tokens=NEW_TOKENS)
+    assert result.token_ids == expected, divergence_report(target, PROMPT, expected, result.token_ids)
+
+
+def test_one_engine_many_generations_reuses_caches_correctly():
+    """Prefix reuse across calls (target cache and draft cache) must never leak stale entries."""
+    target, strong, weak = models("llama")
+    engine = make_engine(target, strong)
+    other = [5, 6, 7, 8, 9, 10, 11]
+    extended = PROMPT + [1, 2, 3]
+    runs = [
+        (PROMPT, "draft", 4, 20),
+        (extended, "lookup", 3, 20),
+        (PROMPT[:6], "draft", 8, 25),
+        (other, "draft", "auto", 20),
+        (PROMPT, "none", 0, 20),
+        (extended, "draft", 2, 30),
+        (PROMPT + reference("llama", tuple(PROMPT), 10)[:10], "draft", 5, 15),  # prompt = an earlier output
+        (PROMPT, "draft", 8, 20),
+    ]
+    for prompt, drafter, k, new in runs:
+        expected = reference("llama", tuple(prompt), new)
+        result = engine.generate(prompt, drafter=drafter, k=k, max_new_tokens=new)
+        assert result.token_ids == expected, (prompt, drafter, k, divergence_report(target, prompt, expected, result.token_ids))
+
+
+def test_interrupted_stream_leaves_a_consistent_engine():
+    target, strong, _ = models("llama")
+    engine = make_engine(target, strong)
+    stream = engine.stream(PROMPT, drafter="draft", k=4, max_new_tokens=NEW_TOKENS)
+    next(stream)
+    next(stream)
+    stream.close()  # the client went away mid-generation
+    expected = reference("llama", tuple(PROMPT), NEW_TOKENS)
+    assert engine.generate(PROMPT, drafter="draft", k=4, max_new_tokens=NEW_TOKENS).token_ids == expected
+
+
+def test_drafter_instances_are_accepted():
+    target, strong, _ = models("qwen2")
+    engine = make_engine(target, strong)
+    expected = reference("qwen2", tuple(PROMPT), NEW_TOKENS)
+    for drafter in (PromptLookupDrafter(max_ngram=2), DraftModelDrafter(strong, 128)):
+        result = engine.generate(PROMPT, drafter=drafter, k=3, max_new_tokens=NEW_TOKENS)
+        assert result.token_ids == expected
+
+
+# --------------------------------------------------------------------------- invariant checks bite
+class ForgetfulDrafter(DraftModelDrafter):
+    """Never rolls its cache back: keeps rejected draft tokens."""
+
+    def accept(self, context):
+        pass
+
+
+def test_invariant_check_catches_a_draft_cache_that_is_not_rolled_back():
+    target, _, weak = models("llama")
+    engine = make_engine(target, weak)
+    with pytest.raises(AssertionError, match="draft cache"):
+        engine.generate(PROMPT, drafter=ForgetfulDrafter(weak, 128), k=4, max_new_tokens=NEW_TOKENS)
+
+
+def test_invariant_check_catches_a_target_cache_that_is_not_rolled_back(monkeypatch):
+    target, _, weak = models("llama")
+    engine = make_engine(target, weak)
+    real_truncate = engine.cache.truncate
+    monkeypatch.setattr(engine.cache, "truncate", lambda length: real_truncate(min(engine.cache.length, length + 1)))
+    with pytest.raises(AssertionError, match="target cache"):
+        engine.generate(PROMPT, drafter="draft", k=4, max_new_tokens=NEW_TOKENS)
+
+
+# --------------------------------------------------------------------------- real models
+REAL_PROMPTS = [
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is",
+    "1, 2, 3, 4, 5, 6, 7, 8,",
+]
+
+
+def check_real(engine, prompt_text, drafter, k, new_tokens, chat=False, reference_result=None):
+    plain = reference_result or engine.generate(prompt_text, drafter="none", max_new_tokens=new_tokens, chat=chat)
+    spec = engine.generate(prompt_text, drafter=drafter, k=k, max_new_tokens=new_tokens, chat=chat)
+    if spec.token_ids != plain.token_ids:
+        prompt_ids = engine.encode_prompt(prompt_text, chat)
+        pytest.fail(f"{drafter} K={k} on {prompt_text!r}: "
+                    + divergence_report(engine.target.model, prompt_ids, plain.token_ids, spec.token_ids))
+    assert spec.text == plain.text
+    return plain, spec
+
+
+def test_real_smollm2_lookup_and_self_draft(smollm2):
+    engine = Engine(smollm2, smollm2, max_context=256, check_invariants=True)
+    for prompt in REAL_PROMPTS:
+        plain, _ = check_real(engine, prompt, "lookup", 4, 20)
+        assert len(plain.token_ids) > 0
+        _, self_spec = check_real(engine, prompt, "draft", 3, 20, reference_result=plain)
+        assert self_spec.stats.alpha > 0.9  # the same model drafts for itself
+    check_real(engine, REAL_PROMPTS[2], "lookup", "auto", 20)
+    check_real(engine, "Write a haiku about caches.", "draft", 5, 12, chat=True)  # through the chat template
+
+
+def test_real_smollm2_with_its_bfloat16_copy_as_draft(smollm2):
+    draft = load_model(SMOLLM2, device="cpu", dtype="bfloat16", max_context=256)
+    engine = Engine(smollm2, draft, max_context=256, check_invariants=True)
+    for prompt in REAL_PROMPTS[:2]:
+        _, spec = check_real(engine, prompt, "draft", 4, 20)
+        assert spec.stats.drafted > 0
+
+
+@pytest.mark.slow
+def test_real_qwen_05b_float32_target_with_bfloat16_draft():
+    target = load_model(QWEN_05B, device="cpu", dtype="float32", max_context=512)
+    draft = load_model(QWEN_05B, device="cpu", dtype="bfloat16", max_context=512)
+    engine = Engine(target, draft, max_context=512, check_invariants=True)
+    prompts = [
+        "Write a Python function that checks whether a string is a palindrome.",
+        "def quicksort(items):\n",
+    ]
+    for prompt in prompts:
+        _, spec = check_real(engine, prompt, "draft", 4, 32, chat=None)
+        assert spec.stats.drafted > 0 and spec.stats.accepted > 0
