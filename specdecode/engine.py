@@ -61,7 +61,8 @@ class Engine:
         self.draft = draft
         if draft is not None:
             check_same_tokenizer(target, draft)
-            if draft_vocab and isinstance(draft.model, Transformer):
+            # A draft that is the target object itself must keep the full vocabulary.
+            if draft_vocab and isinstance(draft.model, Transformer) and draft.model is not target.model:
                 subset = frequent_token_ids(draft.tokenizer, draft_vocab)
                 if subset is not None and len(subset) < draft.vocab_size:
                     draft.model.set_vocab_subset(subset)
@@ -105,8 +106,14 @@ class Engine:
         raise InputError(f"unknown drafter '{name}' (choose from {', '.join(DRAFTER_NAMES)})")
 
     def encode_prompt(self, prompt: str | list[dict] | list[int], chat: bool | None = None) -> list[int]:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            vocab = self.target.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise InputError(f"token ids must be in 0..{vocab - 1}; got {bad[:5]}")
             return list(prompt)
+        if isinstance(prompt, list) and not prompt:
+            raise InputError("the prompt is empty")
         if isinstance(prompt, list):  # chat messages
             if not self.tokenizer.has_chat_template:
                 raise InputError("this model has no chat template; send a plain prompt")

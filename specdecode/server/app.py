@@ -24,10 +24,12 @@ from importlib import resources
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import DRAFTER_NAMES
-from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from ..errors import InputError
+from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion, parse_json_body
 from .scheduler import Job, Scheduler, Step
 
@@ -137,6 +139,8 @@ def _playground_html() -> str:
 def create_app(engine, default_drafter: str, model_name: str, api_key: str | None = None, queue_size: int = 16,
                *, default_max_tokens: int = 256, max_k: int = 8, warmup: bool = False) -> FastAPI:
     """The ASGI app around one engine. `default_drafter` is used when a request names none."""
+    if queue_size < 1:
+        raise InputError(f"the queue size must be at least 1, got {queue_size}")
     metrics = ServerMetrics(model_name)
     scheduler = Scheduler(engine, default_drafter, queue_size, metrics, default_max_tokens, max_k)
     needs_draft_model = [name for name in DRAFTER_NAMES if name not in ("none", "lookup")]
@@ -239,6 +243,9 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
         except ClientGone:
             scheduler.cancel(job, "client_disconnected")
             return Response(status_code=499)  # nobody reads it; logs and metrics do
+        except BaseException:  # an error answer, or this task cancelled: the job must not run on for nobody
+            scheduler.cancel(job, "aborted")
+            raise
         finally:
             watch.close()
 
@@ -355,6 +362,8 @@ def run_server(args) -> int:
 
     from ..cli import build_engine
 
+    if args.queue_size < 1:
+        raise InputError(f"--queue-size must be at least 1, got {args.queue_size}")
     engine, drafter = build_engine(args)
     model_name = os.path.basename(str(args.model).rstrip("/")) if os.path.exists(str(args.model)) else args.model
     app = create_app(engine, drafter, model_name, api_key=args.api_key, queue_size=args.queue_size, warmup=True)

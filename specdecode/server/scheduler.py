@@ -166,7 +166,7 @@ class Scheduler:
         self.shutting_down = False
         self._halt = False  # read by the engine thread between steps: stop whatever is running
         self.completed = 0
-        self._service_time = 2.0  # moving average of seconds per request, for Retry-After
+        self._service_time = 2.0  # moving average of seconds per generation, for Retry-After
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ called by request handlers
@@ -330,6 +330,7 @@ class Scheduler:
                 if step.finished:
                     self.metrics.record_generation(step.final_stats)
                     self.metrics.request_duration.observe(now - job.arrived)
+                    self._service_time = 0.8 * self._service_time + 0.2 * (now - started)
                     return self._finish(job, ("step", step))
                 job.events.put_nowait(("step", step))
             return self._finish(job, ("error", ApiError(500, "the generation ended without a final step",
@@ -348,4 +349,3 @@ class Scheduler:
             self.running = None
             self.completed += 1
             self.metrics.running.set(0)
-            self._service_time = 0.8 * self._service_time + 0.2 * (time.perf_counter() - started)
