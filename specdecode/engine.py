@@ -74,6 +74,7 @@ class Engine:
         self.costs = CostModel()
         self.check_invariants = check_invariants
         self._drafters: dict[str, Drafter] = {}
+        self.last_prompt_ids: list[int] = []
 
     def reset(self) -> None:
         """Forget cached prefixes (benchmarks call this so no method inherits another's prefill)."""
@@ -135,7 +136,7 @@ class Engine:
             tokens.extend(event.tokens)
             origins.extend(event.origins)
             stats = event.stats
-        return GenerationResult("".join(text), tokens, origins, stats)
+        return GenerationResult("".join(text), tokens, origins, stats, list(self.last_prompt_ids))
 
     def stream(
         self,
@@ -158,11 +159,13 @@ class Engine:
             raise InputError(f"k must be 'auto' or an integer in 0..64, got {k!r}")
         stops = [s for s in (stop or ()) if s]
         prompt_ids = self.encode_prompt(prompt, chat)
+        self.last_prompt_ids = prompt_ids
         if not prompt_ids:
             raise InputError("the prompt is empty")
         if len(prompt_ids) >= self.max_context:
             raise InputError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_context}")
         drafter_obj = self.drafter(drafter, min_confidence)
+        max_k = max(1, min(max_k, self.max_context - 2))
         if isinstance(drafter_obj, TreeDrafter) and not sampling.greedy:
             raise InputError("token-tree drafting supports greedy decoding only; use the chain drafter for sampling")
         return self._loop(prompt_ids, drafter_obj, k, sampling, max_new_tokens, stops, max_k, should_stop)
@@ -187,7 +190,9 @@ class Engine:
         if drafter is not None:
             drafter.accept(prompt_ids[:-1])  # drop state from another sequence; keeps a shared prefix
         fixed_k = None if k == "auto" else int(k)
-        if drafter is not None and fixed_k is None and not self.costs.known(max_k):
+        if drafter is not None and fixed_k is None and (
+            not self.costs.known(max_k) or (drafter.has_model and drafter.name not in self.costs.draft)
+        ):
             self.calibrate(max_k, drafter)
         policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", fixed_k if drafter else 0, max_k)
         self._prefill(prompt_ids)
@@ -217,7 +222,8 @@ class Engine:
             accepted_tokens, next_token = self._verify(sequence[-1], draft, sampling, generator)
             t2 = time.perf_counter()
             block_size = 1 + len(draft.tokens)
-            self.cached_ids = sequence[:] + accepted_tokens
+            self.cached_ids.append(sequence[-1])
+            self.cached_ids.extend(accepted_tokens)
             new_tokens = accepted_tokens + [next_token]
             sequence.extend(new_tokens)
             drafted = draft.chain_length if draft.parents is not None else len(draft.tokens)
@@ -240,6 +246,8 @@ class Engine:
                     finish = "length"
                     break
             origins = origins[: len(kept)]
+            for origin in origins:
+                stats.origins[origin] += 1
             generated.extend(kept)
             decoder.push(kept)
             text = decoder.text
@@ -296,8 +304,7 @@ class Engine:
         stats.steps_by_k[drafted] += 1
         stats.time_draft += draft_time
         stats.time_verify += verify_time
-        stats.origins["draft"] += accepted
-        stats.origins["bonus" if bonus else "target"] += 1
+
         self.costs.record_target(block_size, verify_time)
         if drafter is not None and draft.tokens:
             self.costs.record_draft(drafter.name, draft_time / max(1, draft.forward_passes or len(draft.tokens)))
@@ -328,28 +335,49 @@ class Engine:
                 raise AssertionError("draft cache holds tokens that are not a prefix of the sequence")
 
     # ----------------------------------------------------------------- cost measurement
-    def calibrate(self, max_k: int, drafter: Drafter | None = None, repeats: int = 2) -> None:
-        """Time target passes of 1..max_k+1 tokens (and a draft pass) on scratch positions."""
+    def calibrate(self, max_k: int, drafter: Drafter | None = None, repeats: int = 3) -> None:
+        """Time target passes of 1..max_k+1 tokens (and a draft pass) on scratch positions.
+
+        The fastest of a few repeats is kept: a one-off stall (page faults, another process) must not
+        convince the policy that drafting is expensive, since it would then stop drafting and never
+        measure again.
+        """
         device = self.target.model.device
         scratch = self.target.model.new_cache(max_k + 40)
+        max_k = max(1, min(max_k, scratch.max_len - 2))  # a model with a tiny context still gets measured
+        warm_len = max(1, min(8, scratch.max_len - (max_k + 1)))
         sizes = sorted({1, 2, 3, max(1, max_k // 2) + 1, max_k + 1})
-        warm = torch.zeros(8, dtype=torch.long, device=device)
+        warm = torch.zeros(warm_len, dtype=torch.long, device=device)
         self.target.model(warm, scratch, logits="none")
-        for size in sizes:
-            tokens = torch.zeros(size, dtype=torch.long, device=device)
+
+        def fastest(run) -> float:
+            times = []
             for _ in range(repeats):
-                scratch.truncate(8)
                 t0 = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - t0)
+            return min(times)
+
+        for size in sizes:
+            if warm_len + size > scratch.max_len:
+                continue
+            tokens = torch.zeros(size, dtype=torch.long, device=device)
+
+            def target_pass():
+                scratch.truncate(warm_len)
                 self.target.model(tokens, scratch, logits="all").argmax(-1).tolist()
-                self.costs.record_target(size, time.perf_counter() - t0)
+
+            self.costs.target[size] = fastest(target_pass)
         if isinstance(drafter, DraftModelDrafter):
-            d_cache = drafter.model.new_cache(16)
+            d_cache = drafter.model.new_cache(warm_len + 1)
             drafter.model(warm, d_cache, logits="none")
-            for _ in range(repeats + 1):
-                d_cache.truncate(8)
-                t0 = time.perf_counter()
+
+            def draft_pass():
+                d_cache.truncate(warm_len)
                 drafter.model(warm[:1], d_cache, logits="last").argmax().item()
-                self.costs.record_draft(drafter.name, time.perf_counter() - t0)
+
+            draft_pass()
+            self.costs.draft[drafter.name] = fastest(draft_pass)
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

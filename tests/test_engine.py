@@ -171,3 +171,24 @@ def test_sampling_with_every_drafter_runs_and_respects_limits(engine):
         result = engine.generate(PROMPT, drafter=drafter, k=3, sampling=sampling, max_new_tokens=20)
         assert len(result.token_ids) == 20
         assert all(0 <= t < 256 for t in result.token_ids)
+
+
+@pytest.mark.parametrize("drafter", ["draft", "lookup"])
+def test_sampling_up_to_the_context_limit(engine, drafter):
+    prompt = [(5 * i + 1) % 256 for i in range(60)]  # the engine holds 64 positions
+    for seed in range(5):
+        sampling = SamplingParams(temperature=1.0, seed=seed)
+        result = engine.generate(prompt, drafter=drafter, k=8, sampling=sampling, max_new_tokens=100)
+        assert result.finish_reason == "length"
+        assert len(result.token_ids) == 64 + 1 - 60
+
+
+def test_tree_drafting_refuses_sampling(engine):
+    with pytest.raises(InputError, match="greedy"):
+        engine.generate(PROMPT, drafter="tree", k=3, sampling=SamplingParams(temperature=0.8, seed=1), max_new_tokens=5)
+
+
+def test_tree_drafter_without_draft_model(pair):
+    engine = Engine(as_loaded(pair[0]), None, max_context=64)
+    with pytest.raises(InputError, match="draft model"):
+        engine.generate(PROMPT, drafter="tree", max_new_tokens=3)

@@ -75,7 +75,8 @@ def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions
         except Exception as exc:
             raise ModelError(f"{path.name}: cannot read tensor '{name}' ({exc}); the file may be corrupt") from None
         shape = tuple(int(d) for d in reversed(t.shape))
-        return np.ascontiguousarray(array.reshape(shape), dtype=np.float32)
+        # Copy: float32 tensors come back as read-only views into the memory-mapped file.
+        return np.array(array.reshape(shape), dtype=np.float32, copy=True)
 
     def qk(name: str, heads: int) -> np.ndarray:
         array = get(name)

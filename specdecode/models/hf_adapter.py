@@ -22,7 +22,8 @@ class HFCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         if length < self.length:
-            self.inner.crop(length)
+            # A negative argument drops that many entries from the end (transformers 4.x and 5.x agree on it).
+            self.inner.crop(length - self.length)
         self.length = length
 
 

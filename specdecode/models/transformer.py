@@ -50,7 +50,7 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Parameter(torch.zeros(2 * c.intermediate_size, c.hidden_size, dtype=weight_dtype), requires_grad=False)
         self.down = nn.Parameter(torch.zeros(c.hidden_size, c.intermediate_size, dtype=weight_dtype), requires_grad=False)
 
-    def forward(self, x, layer_index: int, cache: KVCache, start: int, cos, sin, attn_mask):
+    def forward(self, x, layer_index: int, cache: KVCache, start: int, cos, sin, attn_mask, row_wise: bool = False):
         c = self.config
         seq = x.shape[0]
         h = rms_norm(x, self.attn_norm, c.rms_norm_eps)
@@ -61,14 +61,21 @@ class DecoderLayer(nn.Module):
         v = v.view(seq, c.n_kv_heads, c.head_dim)
         cache.write(layer_index, start, k.transpose(0, 1), v.transpose(0, 1))
         keys, values = cache.view(layer_index, start + seq)
-        attn = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0),  # [1, H, T, D]
-            keys.unsqueeze(0),  # [1, Hkv, S, D]
-            values.unsqueeze(0),
-            attn_mask=attn_mask,
-            enable_gqa=c.n_heads != c.n_kv_heads,
-        )  # [1, H, T, D]
-        attn = attn[0].transpose(0, 1).reshape(seq, c.q_size)
+        queries = q.transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
+        gqa = c.n_heads != c.n_kv_heads
+        if row_wise:
+            # Row i attends exactly as a single-token step at position start+i would, so a verify
+            # block reproduces plain decoding bit for bit (one batched masked call rounds differently).
+            rows = [
+                F.scaled_dot_product_attention(
+                    queries[:, :, i : i + 1], keys[None, :, : start + i + 1], values[None, :, : start + i + 1], enable_gqa=gqa
+                )
+                for i in range(seq)
+            ]
+            attn = torch.cat(rows, dim=2)
+        else:
+            attn = F.scaled_dot_product_attention(queries, keys[None], values[None], attn_mask=attn_mask, enable_gqa=gqa)
+        attn = attn[0].transpose(0, 1).reshape(seq, c.q_size)  # [T, H*D]
         x = x + kernels.linear(attn, self.out_proj)
         h = rms_norm(x, self.mlp_norm, c.rms_norm_eps)
         gate, up = kernels.linear(h, self.gate_up).chunk(2, dim=-1)
@@ -134,12 +141,14 @@ class Transformer(nn.Module):
             raise ValueError(f"block of {seq} tokens does not fit: cache holds {start} of {cache.max_len}")
         if positions is None:
             positions = torch.arange(start, start + seq, device=self.device)
-        if attn_mask is None and seq > 1:
+        # Small causal blocks (verification) attend row by row; prompt-sized blocks use one masked call.
+        row_wise = attn_mask is None and 1 < seq <= kernels.SKINNY_MAX_ROWS
+        if attn_mask is None and seq > 1 and not row_wise:
             attn_mask = causal_mask(start, seq, self.device)
         cos, sin = self._rope(positions)
         x = self.embed[tokens]
         for index, layer in enumerate(self.layers):
-            x = layer(x, index, cache, start, cos, sin, attn_mask)
+            x = layer(x, index, cache, start, cos, sin, attn_mask, row_wise)
         cache.length = start + seq
         if logits == "none":
             return None

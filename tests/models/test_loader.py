@@ -1,0 +1,240 @@
+"""Loading: GGUF files (tiny ones written here, and the real smollm2), HF folders, and clear errors."""
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from specdecode.errors import ModelError
+from specdecode.models.gguf_loader import load_gguf_model
+from specdecode.models.loader import load_model
+from specdecode.models.transformer import Transformer
+from testlib import SMOLLM2, make_tiny_model
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """Conversions (and anything else cached) go to a temporary folder, never the real cache."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPECDECODE_CACHE", str(root))
+    return root
+
+
+def smollm2_file():
+    from specdecode import registry
+
+    return registry.resolve(SMOLLM2)
+
+
+# --------------------------------------------------------------------------- tiny GGUF files
+def llama_cpp_permute(weights: np.ndarray, n_heads: int) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf.py does to llama-family Q/K rows."""
+    return weights.reshape(n_heads, 2, weights.shape[0] // n_heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+
+
+def write_gguf(path, model: Transformer, arch_name=None, skip=()):
+    import gguf
+
+    c = model.config
+    arch = arch_name or c.arch
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(c.context_length)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_block_count(c.n_layers)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.n_heads)
+    writer.add_head_count_kv(c.n_kv_heads)
+    writer.add_rope_freq_base(c.rope_theta)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+
+    def add(name, tensor):
+        if name not in skip:
+            writer.add_tensor(name, np.ascontiguousarray(tensor.detach().float().numpy()))
+
+    def qk(tensor, heads):
+        array = tensor.detach().float().numpy()
+        return torch.from_numpy(llama_cpp_permute(array, heads) if c.arch == "llama" else array)
+
+    add("token_embd.weight", model.embed)
+    add("output_norm.weight", model.final_norm)
+    if model.lm_head is not None:
+        add("output.weight", model.lm_head)
+    for i, layer in enumerate(model.layers):
+        p = f"blk.{i}."
+        q, k, v = layer.qkv.split((c.q_size, c.kv_size, c.kv_size))
+        add(p + "attn_norm.weight", layer.attn_norm)
+        add(p + "ffn_norm.weight", layer.mlp_norm)
+        add(p + "attn_q.weight", qk(q, c.n_heads))
+        add(p + "attn_k.weight", qk(k, c.n_kv_heads))
+        add(p + "attn_v.weight", v)
+        if layer.qkv_bias is not None:
+            qb, kb, vb = layer.qkv_bias.split((c.q_size, c.kv_size, c.kv_size))
+            add(p + "attn_q.bias", qb)
+            add(p + "attn_k.bias", kb)
+            add(p + "attn_v.bias", vb)
+        add(p + "attn_output.weight", layer.out_proj)
+        gate, up = layer.gate_up.chunk(2)
+        add(p + "ffn_gate.weight", gate)
+        add(p + "ffn_up.weight", up)
+        add(p + "ffn_down.weight", layer.down)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    "config",
+    [dict(arch="llama"), dict(arch="llama", tie_embeddings=True, n_kv_heads=4), dict(arch="qwen2"),
+     dict(arch="qwen2", tie_embeddings=True)],
+    ids=["llama", "llama-tied-mha", "qwen2", "qwen2-tied"],
+)
+def test_gguf_round_trip_restores_the_native_layout(tmp_path, config):
+    """Written like llama.cpp writes it (Q/K rows permuted for llama), read back to the same model."""
+    source = make_tiny_model(seed=60, **config)
+    path = write_gguf(tmp_path / "tiny.gguf", source)
+    loaded = load_gguf_model(path, "cpu", torch.float32, None)
+    # GGUF stores the epsilon as float32: equal once rounded the same way
+    assert dataclasses.replace(loaded.config, rms_norm_eps=1e-6) == source.config
+    assert loaded.config.rms_norm_eps == pytest.approx(1e-6, rel=1e-6)
+    for (name, a), (_, b) in zip(source.named_parameters(), loaded.named_parameters()):
+        assert torch.equal(a, b), name
+    tokens = torch.tensor([1, 50, 7, 200, 3])
+    assert torch.equal(source(tokens, source.new_cache()), loaded(tokens, loaded.new_cache()))
+
+
+def test_gguf_of_an_unsupported_architecture(tmp_path):
+    path = write_gguf(tmp_path / "gpt2.gguf", make_tiny_model(seed=61), arch_name="gpt2")
+    with pytest.raises(ModelError, match="unsupported architecture 'gpt2'"):
+        load_gguf_model(path, "cpu", torch.float32, None)
+
+
+def test_gguf_missing_a_tensor(tmp_path):
+    path = write_gguf(tmp_path / "holey.gguf", make_tiny_model(seed=62), skip={"blk.1.ffn_down.weight"})
+    with pytest.raises(ModelError, match="blk.1.ffn_down.weight"):
+        load_gguf_model(path, "cpu", torch.float32, None)
+
+
+def test_gguf_without_tokenizer_metadata_is_a_model_error(tmp_path, private_cache):
+    path = write_gguf(tmp_path / "notok.gguf", make_tiny_model(seed=63))
+    with pytest.raises(ModelError, match="tokenizer"):
+        load_model(str(path), device="cpu")
+    converted = private_cache / "converted"
+    assert not converted.exists() or not any(p.name.startswith("notok") for p in converted.iterdir())
+
+
+# --------------------------------------------------------------------------- corrupt files
+@pytest.mark.parametrize("keep_bytes", [1_000_000, 60_000_000], ids=["1MB", "60MB-metadata-intact"])
+def test_truncated_gguf_is_a_model_error(tmp_path, private_cache, keep_bytes):
+    truncated = tmp_path / "SmolLM2-truncated.gguf"
+    with open(smollm2_file(), "rb") as src, open(truncated, "wb") as dst:
+        dst.write(src.read(keep_bytes))
+    with pytest.raises(ModelError, match="SmolLM2-truncated.gguf"):
+        load_model(str(truncated), device="cpu")
+    converted = private_cache / "converted"
+    assert not converted.exists() or not any(converted.iterdir()), "a failed load left a converted folder"
+
+
+@pytest.mark.parametrize("content", [b"", b"hello, I am not a model\n", b"PK\x03\x04" + b"\x00" * 100])
+def test_non_gguf_file_is_a_model_error(tmp_path, private_cache, content):
+    path = tmp_path / "fake.gguf"
+    path.write_bytes(content)
+    with pytest.raises(ModelError, match="not a GGUF file"):
+        load_model(str(path), device="cpu")
+
+
+def test_missing_file_is_a_model_error():
+    with pytest.raises(ModelError, match="not found"):
+        load_model("/nonexistent/dir/model.gguf", device="cpu")
+
+
+def test_unknown_name_is_a_model_error():
+    with pytest.raises(ModelError, match="unknown model"):
+        load_model("gpt-17", device="cpu")
+
+
+def test_unknown_dtype_is_a_model_error():
+    with pytest.raises(ModelError, match="dtype"):
+        load_model(SMOLLM2, dtype="int3")
+
+
+def test_transformers_backend_needs_a_folder():
+    with pytest.raises(ModelError, match="folder"):
+        load_model(SMOLLM2, backend="transformers", device="cpu")
+
+
+# --------------------------------------------------------------------------- HF folders
+def test_folder_without_config_is_a_model_error(tmp_path):
+    (tmp_path / "weights.safetensors").write_bytes(b"")
+    with pytest.raises(ModelError, match="config.json"):
+        load_model(str(tmp_path), device="cpu")
+
+
+def test_folder_with_broken_config_is_a_model_error(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelError, match="config.json"):
+        load_model(str(tmp_path), device="cpu")
+
+
+@pytest.fixture
+def folder_with_tokenizer(tmp_path, smollm2):
+    smollm2.tokenizer.hf.save_pretrained(str(tmp_path))
+    return tmp_path
+
+
+def test_folder_of_unsupported_architecture_with_native_backend(folder_with_tokenizer):
+    (folder_with_tokenizer / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 49152}))
+    with pytest.raises(ModelError, match="unsupported architecture 'gpt2'"):
+        load_model(str(folder_with_tokenizer), device="cpu", backend="native")
+
+
+def test_folder_without_weights_is_a_model_error(folder_with_tokenizer):
+    config = dict(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    (folder_with_tokenizer / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match="safetensors"):
+        load_model(str(folder_with_tokenizer), device="cpu")
+
+
+def test_folder_with_corrupt_safetensors_is_a_model_error(folder_with_tokenizer):
+    config = dict(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    (folder_with_tokenizer / "config.json").write_text(json.dumps(config))
+    (folder_with_tokenizer / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00garbage")
+    with pytest.raises(ModelError, match="model.safetensors"):
+        load_model(str(folder_with_tokenizer), device="cpu")
+
+
+# --------------------------------------------------------------------------- the real tiny model
+def test_smollm2_loads_natively(smollm2):
+    assert smollm2.backend == "native" and smollm2.dtype == "float32"
+    config = smollm2.model.config
+    assert config.arch == "llama" and config.vocab_size == 49152 and config.tie_embeddings and not config.qkv_bias
+    assert smollm2.vocab_size == smollm2.tokenizer.vocab_size == 49152
+    assert smollm2.tokenizer.eos_ids and smollm2.tokenizer.has_chat_template
+    assert smollm2.model.max_positions == 1024  # capped by max_context
+    text = "Hello, world! def f(x): return x"
+    assert smollm2.tokenizer.decode(smollm2.tokenizer.encode(text)) == text
+
+
+def test_smollm2_in_bfloat16_is_close_to_float32(smollm2):
+    low = load_model(SMOLLM2, device="cpu", dtype="bfloat16", max_context=64)
+    assert low.model.layers[0].qkv.dtype == torch.bfloat16
+    assert low.model.lm_head is not None and low.model.lm_head.dtype == torch.bfloat16  # its own output copy
+    tokens = torch.tensor(smollm2.tokenizer.encode("The quick brown fox jumps over the lazy"))
+    high_logits = smollm2.model(tokens, smollm2.model.new_cache(64))
+    low_logits = low.model(tokens, low.model.new_cache(64))
+    # bfloat16 weights move logits a little but keep the model recognisably the same
+    agree = (high_logits.argmax(-1) == low_logits.argmax(-1)).float().mean().item()
+    assert agree >= 0.7, agree
+
+
+def test_a_gguf_path_and_its_registry_name_load_the_same_model(smollm2, tmp_path):
+    by_path = load_model(str(smollm2_file()), device="cpu", max_context=64)
+    assert by_path.name == smollm2_file().name and smollm2.name == SMOLLM2
+    tokens = torch.tensor([1, 2, 3, 4])
+    assert torch.equal(by_path.model(tokens, by_path.model.new_cache(8)), smollm2.model(tokens, smollm2.model.new_cache(8)))
+    shutil.rmtree(tmp_path, ignore_errors=True)

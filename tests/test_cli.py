@@ -1,0 +1,145 @@
+"""The command line, run as a user runs it (a subprocess) on the tiny real model smollm2-135m.
+
+Only generated text goes to stdout; statistics go to stderr; bad input gives one `error:` line on
+stderr and a non-zero exit, never a traceback.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specdecode.engine import Engine
+from testlib import SMOLLM2
+
+
+def run_cli(*args: str, env: dict | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "specdecode.cli", *args],
+        capture_output=True, text=True, timeout=600, env=full_env, input=stdin,
+    )
+
+
+def assert_clean_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    assert result.stdout == ""
+
+
+@pytest.fixture(scope="module")
+def expected_hi(smollm2):
+    """What the engine produces in-process for the CLI's defaults (chat template, greedy)."""
+    engine = Engine(smollm2, None, max_context=512)
+    return engine.generate("Hi", drafter="none", max_new_tokens=8).text
+
+
+def test_generate_plain_prints_only_the_text_on_stdout(expected_hi):
+    result = run_cli("generate", "--model", SMOLLM2, "--draft", "none", "--max-new-tokens", "8", "Hi")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == expected_hi + "\n"
+    assert expected_hi.strip()
+    assert "8 tokens" in result.stderr and "tok/s" in result.stderr
+    assert "tok/s" not in result.stdout
+
+
+def test_generate_with_lookup_gives_the_same_text_and_stats_on_stderr(expected_hi):
+    result = run_cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--k", "3", "--max-new-tokens", "8",
+                     "--stats", "Hi")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected_hi + "\n"  # greedy speculation is lossless
+    assert "tokens in" in result.stderr and "time:" in result.stderr
+
+
+def test_generate_reads_the_prompt_from_stdin(expected_hi):
+    result = run_cli("generate", "--model", SMOLLM2, "--draft", "none", "--max-new-tokens", "8", "-", stdin="Hi")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected_hi + "\n"
+
+
+def test_small_context_with_automatic_k():
+    result = run_cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--ctx", "16", "--no-chat",
+                     "--max-new-tokens", "4", "Hi")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip()
+
+
+def test_models_list():
+    result = run_cli("models", "list")
+    assert result.returncode == 0, result.stderr
+    assert SMOLLM2 in result.stdout and "qwen2.5-coder-1.5b" in result.stdout
+    line = next(l for l in result.stdout.splitlines() if l.startswith(SMOLLM2))
+    assert "cached" in line
+
+
+# --------------------------------------------------------------------------- bad input
+def test_unknown_model():
+    assert_clean_error(run_cli("generate", "--model", "no-such-model", "--draft", "none", "Hi"), "no-such-model", SMOLLM2)
+
+
+def test_missing_file():
+    assert_clean_error(run_cli("generate", "--model", "/nonexistent/model.gguf", "--draft", "none", "Hi"), "not found")
+
+
+def test_corrupt_file(tmp_path):
+    bad = tmp_path / "corrupt.gguf"
+    bad.write_bytes(b"this is not a model at all" * 10)
+    assert_clean_error(run_cli("generate", "--model", str(bad), "--draft", "none", "Hi"), "corrupt.gguf")
+
+
+def test_truncated_gguf(tmp_path):
+    from specdecode import registry
+
+    truncated = tmp_path / "truncated.gguf"
+    with open(registry.resolve(SMOLLM2), "rb") as src:
+        truncated.write_bytes(src.read(1_000_000))
+    result = run_cli("generate", "--model", str(truncated), "--draft", "none", "Hi",
+                     env={"SPECDECODE_CACHE": str(tmp_path / "cache")})
+    assert_clean_error(result, "truncated.gguf")
+
+
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+        (["--k", "many"], "--k"),
+        (["--max-new-tokens", "0"], "max_new_tokens"),
+    ],
+)
+def test_invalid_decoding_values(flags, fragment):
+    assert_clean_error(run_cli("generate", "--model", SMOLLM2, "--draft", "none", *flags, "Hi"), fragment)
+
+
+def test_prompt_longer_than_the_context():
+    prompt = "Tell me everything about speculative decoding and why it is lossless, in detail, please."
+    assert_clean_error(run_cli("generate", "--model", SMOLLM2, "--draft", "none", "--ctx", "16", "--no-chat", prompt),
+                       "context")
+
+
+def test_mismatched_draft_model(tmp_path):
+    """A draft whose tokenizer differs from the target's is refused with one clear line."""
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers.models import WordLevel
+
+    folder = tmp_path / "other-vocab"
+    vocab = {f"w{i}": i for i in range(64)}
+    raw = RawTokenizer(WordLevel(vocab, unk_token="w0"))
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="w0").save_pretrained(str(folder))
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    LlamaForCausalLM(config).save_pretrained(str(folder))
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
+    result = run_cli("generate", "--model", SMOLLM2, "--draft", str(folder), "--draft-dtype", "float32",
+                     "--max-new-tokens", "4", "Hi")
+    assert_clean_error(result, "tokenizer")
