@@ -196,6 +196,8 @@ class Engine:
             self.calibrate(max_k, drafter)
         policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", fixed_k if drafter else 0, max_k)
         self._prefill(prompt_ids)
+        if drafter is not None:
+            drafter.prefill(prompt_ids)
         stats.time_prefill = time.perf_counter() - started
         decoder = StreamDecoder(self.tokenizer)
         held_back = max((len(s) for s in stops), default=1) - 1
@@ -306,7 +308,8 @@ class Engine:
         stats.time_verify += verify_time
 
         self.costs.record_target(block_size, verify_time)
-        if drafter is not None and draft.tokens:
+        # A step that first had to consume many context tokens says nothing about a draft pass's cost.
+        if drafter is not None and draft.tokens and draft.catch_up <= 2:
             self.costs.record_draft(drafter.name, draft_time / max(1, draft.forward_passes or len(draft.tokens)))
 
     def _finalise(self, stats: GenerationStats, policy: DraftLengthPolicy) -> None:

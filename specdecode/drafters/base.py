@@ -19,6 +19,7 @@ class Draft:
     # last accepted token and token i sits at block index i + 1. None means a plain chain.
     parents: list[int] | None = None
     chain_length: int = 0  # for trees: the depth of the main chain (what counts as drafted)
+    catch_up: int = 0  # context tokens the drafter had to consume before drafting
 
 
 class Drafter:
@@ -32,6 +33,9 @@ class Drafter:
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
         raise NotImplementedError
+
+    def prefill(self, context: list[int]) -> None:
+        """Called once per generation with the prompt, inside the engine's prefill phase."""
 
     def accept(self, context: list[int]) -> None:
         """Called after verification with the full token sequence now known to be correct."""

@@ -26,26 +26,37 @@ class DraftModelDrafter(Drafter):
         self.cached: list[int] = []  # the tokens whose keys/values the draft cache holds, in order
         self.min_confidence = min_confidence  # stop drafting when the draft's top probability falls below
         self.prefill_chunk = prefill_chunk
+        self.last_sync_tokens = 0  # tokens the last propose had to feed before drafting (1-2 normally)
 
     def reset(self) -> None:
         self.cache.truncate(0)
         self.cached = []
 
-    def _sync(self, context: list[int]) -> torch.Tensor:
-        """Feed whatever of `context` the cache lacks (reusing the common prefix); logits after its last token."""
-        keep = common_prefix_len(self.cached, context[:-1])
-        keep = min(keep, len(context) - 1)
+    def _feed(self, tokens: list[int], logits: str) -> torch.Tensor | None:
+        """Make the cache hold exactly `tokens`, reusing the common prefix; logits after the last one fed."""
+        keep = min(common_prefix_len(self.cached, tokens), len(tokens) - 1 if logits != "none" else len(tokens))
         self.cache.truncate(keep)
         del self.cached[keep:]
-        pending = context[keep:]
+        pending = tokens[keep:]
+        self.last_sync_tokens = len(pending)
         device = self.model.device
         while len(pending) > self.prefill_chunk:
             chunk, pending = pending[: self.prefill_chunk], pending[self.prefill_chunk :]
             self.model(torch.tensor(chunk, device=device), self.cache, logits="none")
             self.cached.extend(chunk)
-        logits = self.model(torch.tensor(pending, device=device), self.cache, logits="last")
+        if not pending:
+            return None
+        out = self.model(torch.tensor(pending, device=device), self.cache, logits=logits)
         self.cached.extend(pending)
-        return logits[0]
+        return None if out is None else out[-1]
+
+    def prefill(self, context: list[int]) -> None:
+        """Consume the prompt (all but its last token) during the engine's prefill, not the first draft step."""
+        self._feed(context[:-1], logits="none")
+
+    def _sync(self, context: list[int]) -> torch.Tensor:
+        """Feed whatever of `context` the cache lacks; logits after its last token."""
+        return self._feed(context, logits="last")
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
         k = min(k, self.cache.max_len - len(context))
@@ -75,7 +86,7 @@ class DraftModelDrafter(Drafter):
             self.cached.append(token)
             passes += 1
         probs = torch.stack(rows) if rows else None
-        return Draft(tokens, probs, passes)
+        return Draft(tokens, probs, passes, catch_up=self.last_sync_tokens)
 
     def accept(self, context: list[int]) -> None:
         keep = common_prefix_len(self.cached, context)
@@ -109,7 +120,7 @@ class DraftModelDrafter(Drafter):
             logits = self.model(torch.tensor([best], device=device), self.cache, logits="last")[0]
             self.cached.append(best)
             passes += 1
-        return Draft(tokens, None, passes, parents=parents, chain_length=k)
+        return Draft(tokens, None, passes, parents=parents, chain_length=k, catch_up=self.last_sync_tokens)
 
 
 class TreeDrafter(DraftModelDrafter):
