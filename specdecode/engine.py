@@ -185,7 +185,6 @@ class Engine:
 
     def _loop(self, prompt_ids, drafter, k, sampling, max_new_tokens, stops, max_k, should_stop):
         stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
-        started = time.perf_counter()
         generator = sampling.generator()
         if drafter is not None:
             drafter.accept(prompt_ids[:-1])  # drop state from another sequence; keeps a shared prefix
@@ -193,7 +192,10 @@ class Engine:
         if drafter is not None and fixed_k is None and (
             not self.costs.known(max_k) or (drafter.has_model and drafter.name not in self.costs.draft)
         ):
+            t0 = time.perf_counter()
             self.calibrate(max_k, drafter)
+            stats.notes.append(f"measured target/draft costs for the adaptive K once ({time.perf_counter() - t0:.1f}s, not in the timings)")
+        started = time.perf_counter()
         policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", fixed_k if drafter else 0, max_k)
         self._prefill(prompt_ids)
         if drafter is not None:

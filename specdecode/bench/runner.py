@@ -14,7 +14,7 @@ from ..sampling import SamplingParams
 from .prompts import BenchPrompt, find_bench_dir, load_suite
 from .report import write_report
 
-METHOD_DRAFTERS = {"ar": "none", "draft": "draft", "lookup": "lookup"}
+METHOD_DRAFTERS = {"ar": "none", "draft": "draft", "lookup": "lookup", "tree": "tree"}
 
 
 @dataclass
@@ -142,7 +142,7 @@ def run_bench_cli(args) -> int:
         if m not in METHOD_DRAFTERS:
             from ..errors import InputError
 
-            raise InputError(f"unknown method '{m}' in --drafters (choose from ar, draft, lookup)")
+            raise InputError(f"unknown method '{m}' in --drafters (choose from ar, draft, lookup, tree)")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     started = time.time()
     rows = run_bench(engine, prompts, methods, k, sampling, args.max_new_tokens, args.max_k)

@@ -16,7 +16,7 @@ from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..errors import SpecDecodeError
+from ..errors import InputError, SpecDecodeError
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest
@@ -251,12 +251,10 @@ class Scheduler:
     def _begin(self, job: Job):
         """Engine thread: tokenize, check the limits, start the stream (the engine validates eagerly)."""
         request, engine = job.request, self.engine
-        prompt_ids = engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
-        vocab = engine.target.vocab_size
-        if isinstance(request.prompt, list) and request.prompt and isinstance(request.prompt[0], int):
-            bad = [t for t in prompt_ids if not 0 <= t < vocab]
-            if bad:
-                raise ApiError(400, f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+        try:  # the engine checks token ids and emptiness; the API names the field at fault
+            prompt_ids = engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
+        except InputError as exc:
+            raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt") from None
         if not prompt_ids:
             raise ApiError(400, "the prompt is empty", param="prompt")
         room = engine.max_context - len(prompt_ids)
