@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from specdecode.errors import InputError
+
 from specdecode.engine import StreamEvent
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.protocol import ApiError, GenerationRequest
@@ -77,7 +79,12 @@ class FakeEngine:
         self.calls = []
 
     def encode_prompt(self, prompt, chat=None):
-        return list(prompt) if isinstance(prompt, list) else list(prompt.encode())
+        # Like the real engine: token ids outside the vocabulary are refused before generation.
+        if isinstance(prompt, list):
+            if any(not 0 <= t < self.target.vocab_size for t in prompt):
+                raise InputError("token ids must be in 0..255")
+            return list(prompt)
+        return list(prompt.encode())
 
     def stream(self, prompt_ids, *, max_new_tokens, should_stop, **kwargs):
         self.calls.append({"max_new_tokens": max_new_tokens, **kwargs})
