@@ -206,7 +206,6 @@ class Engine:
         sequence = list(prompt_ids)  # every token the target has confirmed; cache holds all but the last
         emitted_text = ""
         generated: list[int] = []
-        device = self.target.model.device
         finish = None
         while finish is None:
             budget = max_new_tokens - len(generated)
@@ -274,8 +273,6 @@ class Engine:
                 stats.finish_reason = finish
                 self._finalise(stats, policy)
             yield StreamEvent(delta, kept, origins, stats, finished=finish is not None)
-            if finish is None and len(generated) >= max_new_tokens:
-                finish = "length"
 
     def _verify(self, last_token: int, draft: Draft, sampling, generator) -> tuple[list[int], int]:
         """One target pass over [last accepted token] + draft; rolls the target cache back to what was kept."""
