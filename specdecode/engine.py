@@ -14,7 +14,7 @@ from .drafters.vocab import frequent_token_ids
 from .errors import InputError, ModelError
 from .models.loader import LoadedModel
 from .models.transformer import Transformer, tree_mask, tree_positions
-from .policy import CostModel, DraftLengthPolicy
+from .policy import ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule
 from .sampling import SamplingParams, probabilities
 from .stats import GenerationStats
 from .tokenizer import StreamDecoder
@@ -72,6 +72,8 @@ class Engine:
         self.cached_ids: list[int] = []  # tokens whose keys/values the target cache holds
         self.prefill_chunk = prefill_chunk
         self.costs = CostModel()
+        # Learned across generations: how often the target accepts a draft token of a given confidence.
+        self.calibration = ConfidenceCalibration()
         self.check_invariants = check_invariants
         self._drafters: dict[str, Drafter] = {}
         self.last_prompt_ids: list[int] = []
@@ -197,9 +199,14 @@ class Engine:
             stats.notes.append(f"measured target/draft costs for the adaptive K once ({time.perf_counter() - t0:.1f}s, not in the timings)")
         started = time.perf_counter()
         policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", fixed_k if drafter else 0, max_k)
+        if isinstance(drafter, DraftModelDrafter):
+            # A pinned K drafts exactly K; an adaptive one also ends each chain where it stops paying.
+            drafter.stop_rule = (
+                DraftStopRule(self.costs, drafter.name, self.calibration, drafter.min_confidence) if fixed_k is None else None
+            )
+        # The draft model reads the prompt lazily, on its first proposal: if the policy never drafts
+        # (speculation not paying), that prefill is never spent.
         self._prefill(prompt_ids)
-        if drafter is not None:
-            drafter.prefill(prompt_ids)
         stats.time_prefill = time.perf_counter() - started
         decoder = StreamDecoder(self.tokenizer)
         held_back = max((len(s) for s in stops), default=1) - 1
@@ -232,7 +239,9 @@ class Engine:
             drafted = draft.chain_length if draft.parents is not None else len(draft.tokens)
             if drafter is not None:
                 drafter.accept(sequence)
-                policy.update(len(accepted_tokens), drafted)
+                wasted = draft.forward_passes > len(draft.tokens) and draft.parents is None
+                policy.update(len(accepted_tokens), drafted, wasted=int(wasted))
+                self._calibrate_confidence(draft, len(accepted_tokens))
             if self.check_invariants:
                 self._assert_invariants(sequence, drafter)
             bonus = drafted > 0 and len(accepted_tokens) >= drafted
@@ -297,12 +306,21 @@ class Engine:
         self.cache.truncate(start + 1 + verdict.accepted)
         return draft.tokens[: verdict.accepted], verdict.next_token
 
+    def _calibrate_confidence(self, draft: Draft, accepted: int) -> None:
+        if draft.parents is not None:
+            return
+        # Positions after the first rejection were never judged by the target.
+        for i, confidence in enumerate(draft.confidences[: accepted + 1]):
+            if confidence == confidence:  # NaN when the drafter did not compute it
+                self.calibration.update(confidence, i < accepted)
+
     def _account(self, stats, draft, drafted, accepted, bonus, block_size, draft_time, verify_time, drafter) -> None:
         stats.drafted += drafted
         stats.accepted += accepted
         stats.target_passes += 1
         stats.draft_passes += draft.forward_passes
         stats.steps_by_k[drafted] += 1
+        stats.accepted_by_k[drafted] += accepted
         stats.time_draft += draft_time
         stats.time_verify += verify_time
 

@@ -61,11 +61,12 @@ class AcceptanceEstimate:
     successes: float = field(default=0.0)
     trials: float = field(default=0.0)
 
-    def update(self, accepted: int, drafted: int) -> None:
-        if drafted == 0:
+    def update(self, accepted: int, drafted: int, wasted: int = 0) -> None:
+        """wasted: draft passes spent on tokens the drafter then chose not to propose (a miss, for the policy)."""
+        if drafted == 0 and wasted == 0:
             return
         # Positions after the first rejection were never tested, so they are not trials.
-        trials = accepted + (1 if accepted < drafted else 0)
+        trials = accepted + (1 if accepted < drafted else 0) + wasted
         self.successes = self.decay * self.successes + accepted
         self.trials = self.decay * self.trials + trials
 
@@ -111,5 +112,70 @@ class DraftLengthPolicy:
         draft = self.costs.draft.get(self.drafter, 0.0)
         return expected_tokens_per_pass(self.acceptance.value, k) / (k * draft + verify)
 
-    def update(self, accepted: int, drafted: int) -> None:
-        self.acceptance.update(accepted, drafted)
+    def update(self, accepted: int, drafted: int, wasted: int = 0) -> None:
+        self.acceptance.update(accepted, drafted, wasted)
+
+
+class ConfidenceCalibration:
+    """P(target accepts a draft token | the draft's top probability), learned online in bins.
+
+    The draft's own top probability is a good but not perfectly calibrated predictor of
+    acceptance, so each bin starts at its centre and moves toward the measured rate.
+    """
+
+    def __init__(self, bins: int = 10, prior_weight: float = 4.0):
+        self.bins = bins
+        self.prior_weight = prior_weight
+        self.successes = [0.0] * bins
+        self.trials = [0.0] * bins
+
+    def _bin(self, confidence: float) -> int:
+        return min(self.bins - 1, max(0, int(confidence * self.bins)))
+
+    def update(self, confidence: float, accepted: bool) -> None:
+        b = self._bin(confidence)
+        self.successes[b] += accepted
+        self.trials[b] += 1
+
+    def __call__(self, confidence: float) -> float:
+        b = self._bin(confidence)
+        centre = (b + 0.5) / self.bins
+        return (self.successes[b] + centre * self.prior_weight) / (self.trials[b] + self.prior_weight)
+
+
+class DraftStopRule:
+    """Decides, token by token, how far a draft model's chain is worth taking (adaptive K within a step).
+
+    With chain_prob the predicted chance that every drafted token so far is accepted, a token whose
+    draft pass is already paid for is worth verifying if its expected gain (chain_prob tokens, each
+    worth a plain target step) beats the extra verify cost of a longer block; one more draft pass is
+    worth running if the next token, predicted as likely as this one, also repays that pass.
+    """
+
+    def __init__(self, costs: CostModel, drafter: str, calibration: ConfidenceCalibration, min_confidence: float = 0.0):
+        self.costs = costs
+        self.drafter = drafter
+        self.calibration = calibration
+        self.min_confidence = min_confidence
+
+    def _marginal_verify(self, drafted: int) -> float:
+        now, more = self.costs.target_cost(drafted + 1), self.costs.target_cost(drafted + 2)
+        return max(0.0, (more or 0.0) - (now or 0.0))
+
+    def keep(self, drafted: int, chain_prob: float, confidence: float) -> bool:
+        """drafted tokens are kept so far; should the next one (probability `confidence`) join them?"""
+        if confidence < self.min_confidence and drafted > 0:
+            return False
+        step = self.costs.target_cost(1)
+        if step is None:
+            return True
+        return chain_prob * self.calibration(confidence) * step > self._marginal_verify(drafted)
+
+    def extend(self, drafted: int, chain_prob: float, confidence: float) -> bool:
+        """After keeping `drafted` tokens with this chain_prob, is another draft pass worth paying?"""
+        step = self.costs.target_cost(1)
+        draft = self.costs.draft.get(self.drafter)
+        if step is None or draft is None:
+            return True
+        expected = chain_prob * self.calibration(confidence)
+        return expected * step > draft + self._marginal_verify(drafted)

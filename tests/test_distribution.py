@@ -27,6 +27,7 @@ import torch
 import specdecode.engine as engine_module
 from specdecode.drafters.base import Draft, Drafter
 from specdecode.engine import Engine
+from specdecode.policy import DraftLengthPolicy, DraftStopRule
 from specdecode.sampling import SamplingParams, probabilities, sample
 from specdecode.verify import Verdict, verify_sampling
 from testlib import as_loaded, chi_square_pvalue, make_tiny_model
@@ -164,6 +165,7 @@ def exact_distribution(model, prompt, length, sampling) -> dict[tuple, float]:
 
 
 def sample_continuations(target, draft, drafter, sampling, samples, seed_base, k=2):
+    """k="auto" runs the adaptive chain: its stop rule (see VariableStopRule) sets each draft's length."""
     engine = Engine(as_loaded(target), as_loaded(draft), max_context=32, check_invariants=True)
     if drafter == "mode":
         drafter = TargetModeDrafter(target)
@@ -202,23 +204,48 @@ class TargetModeDrafter(Drafter):
             logits = self.model(torch.tensor(tokens[-1:]), cache, logits="last")[0]
 
 
+class VariableStopRule(DraftStopRule):
+    """A stop rule driven only by the draft's own distribution, like the real one, but tuned so that on
+    the tiny random model chains end at every length 0..K, including after a wasted draft pass."""
+
+    def keep(self, drafted, chain_prob, confidence):
+        return int(confidence * 1000) % 4 != 0
+
+    def extend(self, drafted, chain_prob, confidence):
+        return int(confidence * 1000) % 3 != 0
+
+
 E2E_CASES = {
-    # name: (drafter, sampling, samples)
-    "draft-model": ("draft", SamplingParams(temperature=1.0), 1500),
-    "lookup-point-mass": ("lookup", SamplingParams(temperature=1.0), 1500),
-    "mode-point-mass": ("mode", SamplingParams(temperature=1.0), 1200),
-    "draft-model-top-k-top-p": ("draft", SamplingParams(temperature=0.8, top_k=5, top_p=0.9), 1200),
+    # name: (drafter, sampling, samples, k)
+    "draft-model": ("draft", SamplingParams(temperature=1.0), 1500, 2),
+    "lookup-point-mass": ("lookup", SamplingParams(temperature=1.0), 1500, 2),
+    "mode-point-mass": ("mode", SamplingParams(temperature=1.0), 1200, 2),
+    "draft-model-top-k-top-p": ("draft", SamplingParams(temperature=0.8, top_k=5, top_p=0.9), 1200, 2),
+    "draft-model-adaptive-chain": ("draft", SamplingParams(temperature=1.0), 1200, "auto"),
 }
+
+
+class AlwaysDraftPolicy(DraftLengthPolicy):
+    """Adaptive mode that never falls back to plain decoding, whatever the tiny model's costs say."""
+
+    def choose(self):
+        return 2 if self.fixed_k is None else self.fixed_k
+
+
+@pytest.fixture(autouse=True)
+def variable_stop_rule(monkeypatch):
+    monkeypatch.setattr(engine_module, "DraftStopRule", VariableStopRule)
+    monkeypatch.setattr(engine_module, "DraftLengthPolicy", AlwaysDraftPolicy)
 
 
 def run_case(pair, name, seed_base, samples=None):
     target, draft = pair
-    drafter, sampling, default_samples = E2E_CASES[name]
+    drafter, sampling, default_samples, k = E2E_CASES[name]
     samples = samples or default_samples
     exact = exact_distribution(target, PROMPT, CONTINUATION, sampling)
     assert abs(sum(exact.values()) - 1.0) < 1e-5
     assert max(exact.values()) < 0.2, "the test model is too peaked to say much"
-    counts, drafted, accepted, bonus = sample_continuations(target, draft, drafter, sampling, samples, seed_base)
+    counts, drafted, accepted, bonus = sample_continuations(target, draft, drafter, sampling, samples, seed_base, k)
     stat, pvalue, df = chi_square_pvalue(counts, exact, samples)
     return pvalue, stat, df, drafted, accepted, bonus
 
@@ -235,7 +262,8 @@ def test_engine_samples_follow_the_exact_target_distribution(pair, name):
 @pytest.mark.parametrize(
     "name, broken, samples",
     [("draft-model", "accept_everything", 300), ("draft-model", "residual_is_p", 1000),
-     ("mode-point-mass", "residual_is_p", 800), ("draft-model-top-k-top-p", "residual_is_p", 600)],
+     ("mode-point-mass", "residual_is_p", 800), ("draft-model-top-k-top-p", "residual_is_p", 600),
+     ("draft-model-adaptive-chain", "residual_is_p", 1000)],
 )
 def test_engine_distribution_test_fails_on_a_broken_verifier(pair, name, broken, samples, monkeypatch):
     monkeypatch.setattr(engine_module, "verify_sampling", BROKEN[broken])

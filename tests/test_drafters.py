@@ -146,3 +146,48 @@ def test_chunked_prefill_of_a_long_context(model):
     whole = DraftModelDrafter(model, max_len=64)
     assert chunked.propose(long_context, 4, GREEDY, gen()).tokens == whole.propose(long_context, 4, GREEDY, gen()).tokens
     assert chunked.cache.length == len(chunked.cached) == 43
+
+
+class ScriptedStopRule:
+    """keep/extend answers read from lists, so a test can end the chain exactly where it wants."""
+
+    def __init__(self, keep, extend):
+        self._keep, self._extend = list(keep), list(extend)
+        self.calls = []
+
+    def calibration(self, confidence):
+        return confidence
+
+    def keep(self, drafted, chain_prob, confidence):
+        self.calls.append(("keep", drafted, chain_prob, confidence))
+        return self._keep.pop(0)
+
+    def extend(self, drafted, chain_prob, confidence):
+        self.calls.append(("extend", drafted, chain_prob, confidence))
+        return self._extend.pop(0)
+
+
+def test_stop_rule_refusing_the_first_token_wastes_one_pass_and_drafts_nothing(model):
+    drafter = DraftModelDrafter(model, max_len=64)
+    drafter.stop_rule = ScriptedStopRule(keep=[False], extend=[])
+    draft = drafter.propose(CONTEXT, 6, GREEDY, gen())
+    assert draft.tokens == [] and draft.forward_passes == 1
+
+
+def test_stop_rule_ends_the_chain_and_tracks_the_chain_probability(model):
+    full = DraftModelDrafter(model, max_len=64).propose(CONTEXT, 6, GREEDY, gen())
+    drafter = DraftModelDrafter(model, max_len=64)
+    rule = ScriptedStopRule(keep=[True, True, False], extend=[True, True])
+    drafter.stop_rule = rule
+    draft = drafter.propose(CONTEXT, 6, GREEDY, gen())
+    assert draft.tokens == full.tokens[:2]  # the same tokens, only fewer of them
+    assert draft.forward_passes == 3  # the third token's pass was spent, then refused
+    assert len(draft.confidences) == 2 and all(0 < c <= 1 for c in draft.confidences)
+    # chain_prob passed to keep is the product of the (identity) calibration of the kept tokens
+    keep_calls = [c for c in rule.calls if c[0] == "keep"]
+    assert keep_calls[0][2] == 1.0
+    assert keep_calls[2][2] == pytest.approx(draft.confidences[0] * draft.confidences[1])
+    # extend refusing also ends it, without the extra pass
+    drafter.stop_rule = ScriptedStopRule(keep=[True], extend=[False])
+    short = drafter.propose(CONTEXT, 6, GREEDY, gen())
+    assert short.tokens == full.tokens[:1] and short.forward_passes == 1

@@ -20,6 +20,8 @@ class Draft:
     parents: list[int] | None = None
     chain_length: int = 0  # for trees: the depth of the main chain (what counts as drafted)
     catch_up: int = 0  # context tokens the drafter had to consume before drafting
+    # Per drafted token, the draft's top probability when it was chosen (NaN when not computed).
+    confidences: list[float] = field(default_factory=list)
 
 
 class Drafter:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import InputError
+from ..policy import DraftStopRule
 from ..sampling import SamplingParams, probabilities, sample
 from .base import Draft, Drafter
 
@@ -25,6 +26,8 @@ class DraftModelDrafter(Drafter):
         self.cache = model.new_cache(max_len)
         self.cached: list[int] = []  # the tokens whose keys/values the draft cache holds, in order
         self.min_confidence = min_confidence  # stop drafting when the draft's top probability falls below
+        # Set by the engine when K is adaptive: ends the chain once another token no longer pays.
+        self.stop_rule: DraftStopRule | None = None
         self.prefill_chunk = prefill_chunk
         self.last_sync_tokens = 0  # tokens the last propose had to feed before drafting (1-2 normally)
 
@@ -66,27 +69,34 @@ class DraftModelDrafter(Drafter):
         passes = 1
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
+        confidences: list[float] = []
+        chain_prob = 1.0  # predicted chance that every token kept so far is accepted
+        rule = self.stop_rule
         device = self.model.device
         while True:
-            if sampling.greedy:
-                probs_row = None
-                if self.min_confidence > 0:
-                    top = torch.softmax(logits.float(), -1).max()
-                    if tokens and float(top) < self.min_confidence:
-                        break
-                token = int(logits.argmax())
+            probs_row = probabilities(logits[None], sampling)[0] if not sampling.greedy else None
+            if rule is not None or self.min_confidence > 0:
+                confidence = float(torch.softmax(logits.float(), -1).max())
+                if confidence < self.min_confidence and tokens:
+                    break
+                if rule is not None and not rule.keep(len(tokens), chain_prob, confidence):
+                    break
+                if rule is not None:
+                    chain_prob *= rule.calibration(confidence)
             else:
-                probs_row = probabilities(logits[None], sampling)[0]
-                token = sample(probs_row, generator)
+                confidence = float("nan")
+            token = int(logits.argmax()) if probs_row is None else sample(probs_row, generator)
+            if probs_row is not None:
                 rows.append(probs_row)
             tokens.append(token)
-            if len(tokens) >= k:
+            confidences.append(confidence)
+            if len(tokens) >= k or (rule is not None and not rule.extend(len(tokens), chain_prob, confidence)):
                 break
             logits = self.model(torch.tensor([token], device=device), self.cache, logits="last")[0]
             self.cached.append(token)
             passes += 1
         probs = torch.stack(rows) if rows else None
-        return Draft(tokens, probs, passes, catch_up=self.last_sync_tokens)
+        return Draft(tokens, probs, passes, catch_up=self.last_sync_tokens, confidences=confidences)
 
     def accept(self, context: list[int]) -> None:
         keep = common_prefix_len(self.cached, context)

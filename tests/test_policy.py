@@ -1,0 +1,75 @@
+"""The adaptive policy: K from measured costs and acceptance, and the per-token stop rule."""
+import pytest
+
+from specdecode.policy import AcceptanceEstimate, ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule
+
+
+def costs(step=0.33, per_token=0.04, draft=0.1):
+    model = CostModel()
+    for n in range(1, 10):
+        model.record_target(n, step + per_token * (n - 1))
+    model.record_draft("draft", draft)
+    return model
+
+
+def test_calibration_starts_at_the_bin_centre_and_learns_the_measured_rate():
+    cal = ConfidenceCalibration(bins=10, prior_weight=4)
+    assert cal(0.93) == pytest.approx(0.95)
+    for _ in range(400):
+        cal.update(0.93, False)
+    assert cal(0.93) < 0.02
+    assert cal(0.55) == pytest.approx(0.55)  # other bins untouched
+    assert cal(1.0) == cal(0.99)  # the top edge belongs to the last bin
+
+
+def test_stop_rule_keeps_confident_tokens_and_drops_hopeless_ones():
+    rule = DraftStopRule(costs(), "draft", ConfidenceCalibration())
+    assert rule.keep(0, 1.0, 0.95)
+    # the draft pass is already paid: only the extra verify cost (0.04 s) must be repaid
+    assert not rule.keep(0, 1.0, 0.05)
+    assert not rule.keep(3, 0.1, 0.95)  # a chain already unlikely to survive gains little
+
+
+def test_stop_rule_extends_only_when_the_next_pass_pays():
+    rule = DraftStopRule(costs(), "draft", ConfidenceCalibration())
+    # expected gain 0.95 * 0.95 * 0.33 s > 0.1 s draft + 0.04 s verify
+    assert rule.extend(1, 0.95, 0.95)
+    # 0.45 * 0.45 * 0.33 s < 0.14 s
+    assert not rule.extend(3, 0.45, 0.45)
+    # a free draft extends further
+    assert DraftStopRule(costs(draft=0.0), "draft", ConfidenceCalibration()).extend(3, 0.45, 0.45)
+
+
+def test_stop_rule_honours_a_minimum_confidence_after_the_first_token():
+    rule = DraftStopRule(costs(), "draft", ConfidenceCalibration(), min_confidence=0.9)
+    assert not rule.keep(1, 1.0, 0.85)
+    assert rule.keep(0, 1.0, 0.85)
+
+
+def test_wasted_draft_passes_count_as_misses():
+    est = AcceptanceEstimate()
+    before = est.value
+    est.update(0, 0, wasted=1)
+    assert est.value < before
+    unchanged = AcceptanceEstimate()
+    unchanged.update(0, 0)
+    assert unchanged.value == before
+
+
+@pytest.mark.parametrize("accepted_of_4, expect_plain", [(0, True), (4, False)])
+def test_policy_falls_back_to_plain_decoding_when_speculation_cannot_pay(accepted_of_4, expect_plain):
+    policy = DraftLengthPolicy(costs(), "draft", fixed_k=None, max_k=8)
+    for _ in range(60):
+        policy.choose()
+        policy.update(accepted_of_4, 4)
+    ks = [policy.choose() for _ in range(10)]
+    if expect_plain:
+        assert ks.count(0) >= 9  # at most one probe
+        assert policy.plain_steps > 0
+    else:
+        assert min(ks) >= 4
+
+
+def test_pinned_k_is_used_as_given():
+    policy = DraftLengthPolicy(costs(), "draft", fixed_k=3)
+    assert [policy.choose() for _ in range(5)] == [3] * 5
