@@ -204,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--limit", type=int, default=3)
     t.add_argument("--max-new-tokens", type=int, default=64)
     t.add_argument("--bench-dir", default=None)
+    t.add_argument("--out", default=None, help="folder for tune.json and the alpha-against-K plot")
     t.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a playground page")

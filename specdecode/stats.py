@@ -31,7 +31,8 @@ class GenerationStats:
     accepted: int = 0
     target_passes: int = 0  # decoding passes, the prefill not counted
     draft_passes: int = 0
-    steps_by_k: Counter = field(default_factory=Counter)
+    steps_by_k: Counter = field(default_factory=Counter)  # target passes by the number of tokens drafted
+    accepted_by_k: Counter = field(default_factory=Counter)  # accepted draft tokens, by the same key
     origins: Counter = field(default_factory=Counter)  # draft / target / bonus
     time_prefill: float = 0.0
     time_draft: float = 0.0
@@ -96,6 +97,8 @@ class GenerationStats:
             "target_passes": self.target_passes,
             "draft_passes": self.draft_passes,
             "mean_k": self.mean_k,
+            "steps_by_k": {str(k): n for k, n in sorted(self.steps_by_k.items())},
+            "accepted_by_k": {str(k): n for k, n in sorted(self.accepted_by_k.items())},
             "tokens_per_s": self.tokens_per_s,
             "time": {
                 "prefill": self.time_prefill,

@@ -52,6 +52,11 @@ def write_report(results: dict, out_dir: Path) -> str:
     ]
     if len(results["by_category"]) > 1:
         lines += ["## Per category", "", *category_table(results["by_category"]), ""]
+    if results.get("acceptance_by_k"):
+        lines += ["## Acceptance against the draft length K", "",
+                  "alpha of the steps that drafted K tokens (number of such steps in brackets); with adaptive K the"
+                  " engine chooses K, so long drafts are the confident ones.", "",
+                  *acceptance_table(results["acceptance_by_k"]), ""]
     if results.get("peers"):
         from .peers import peer_table
 
@@ -66,6 +71,7 @@ def write_report(results: dict, out_dir: Path) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
+    """Left: speedup per category per method. Right: acceptance rate against the draft length K."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,7 +80,9 @@ def plot(results: dict, path: Path) -> None:
     by_category = results["by_category"]
     categories = list(by_category)
     methods = sorted({m for s in by_category.values() for m in s if m != "ar"})
-    fig, ax = plt.subplots(figsize=(max(6, 1.0 * len(categories) * max(1, len(methods))), 4))
+    per_k = results.get("acceptance_by_k") or {}
+    width_in = max(6, 1.0 * len(categories) * max(1, len(methods)))
+    fig, (ax, ax_k) = plt.subplots(1, 2, figsize=(width_in + 5, 4), gridspec_kw={"width_ratios": [width_in, 5]})
     width = 0.8 / max(1, len(methods))
     for i, m in enumerate(methods):
         values = [by_category[c].get(m, {}).get("speedup") or 0 for c in categories]
@@ -85,6 +93,28 @@ def plot(results: dict, path: Path) -> None:
     ax.set_ylabel("speedup vs plain decoding")
     ax.set_title(f"specdecode on {results['config']['suite']} ({results['config']['target']})")
     ax.legend()
+    for m in methods:
+        points = sorted((int(k), cell["alpha"], cell["steps"]) for k, cell in per_k.get(m, {}).items() if cell["alpha"] is not None)
+        if points:
+            ax_k.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=m)
+    ax_k.set_xlabel("draft length K of the step")
+    ax_k.set_ylabel("alpha (accepted / drafted)")
+    ax_k.set_ylim(0, 1.05)
+    ax_k.set_title("acceptance against K")
+    if per_k:
+        ax_k.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def acceptance_table(per_k: dict) -> list[str]:
+    ks = sorted({int(k) for cells in per_k.values() for k in cells})
+    lines = ["| method | " + " | ".join(f"K={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    for method, cells in per_k.items():
+        row = []
+        for k in ks:
+            cell = cells.get(k) or cells.get(str(k))
+            row.append("-" if not cell or cell["alpha"] is None else f"{cell['alpha']:.2f} ({cell['steps']})")
+        lines.append(f"| {method} | " + " | ".join(row) + " |")
+    return lines

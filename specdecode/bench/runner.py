@@ -5,7 +5,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -32,6 +32,8 @@ class Row:
     mean_k: float
     identical: bool | None  # token ids equal to plain decoding's (None for plain itself)
     finish_reason: str
+    steps_by_k: dict[int, int] = field(default_factory=dict)  # target passes by draft length
+    accepted_by_k: dict[int, int] = field(default_factory=dict)  # accepted draft tokens by draft length
 
 
 def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_tokens, max_k) -> tuple[list[Row], list[list[int]]]:
@@ -48,7 +50,8 @@ def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_to
         history.append({"role": "assistant", "content": result.text})
         s = result.stats
         rows.append(Row(prompt.id, prompt.category, turn_index, method, s.generated_tokens, s.time_total,
-                        s.tokens_per_s, s.drafted, s.accepted, s.target_passes, s.mean_k, None, s.finish_reason))
+                        s.tokens_per_s, s.drafted, s.accepted, s.target_passes, s.mean_k, None, s.finish_reason,
+                        dict(s.steps_by_k), dict(s.accepted_by_k)))
         outputs.append(result.token_ids)
     return rows, outputs
 
@@ -123,6 +126,23 @@ def _tps(rows: list[Row]) -> float:
     return sum(r.new_tokens for r in rows) / seconds if seconds else 0.0
 
 
+def acceptance_by_k(rows: list[Row]) -> dict[str, dict[int, dict]]:
+    """Per method and draft length K: steps, and alpha = accepted / drafted over the steps of that K."""
+    out: dict[str, dict[int, dict]] = {}
+    for row in rows:
+        for k, steps in row.steps_by_k.items():
+            k = int(k)
+            if k == 0:
+                continue
+            cell = out.setdefault(row.method, {}).setdefault(k, {"steps": 0, "accepted": 0})
+            cell["steps"] += steps
+            cell["accepted"] += row.accepted_by_k.get(k, row.accepted_by_k.get(str(k), 0))
+    for per_k in out.values():
+        for k, cell in per_k.items():
+            cell["alpha"] = cell["accepted"] / (k * cell["steps"]) if cell["steps"] else None
+    return {m: dict(sorted(v.items())) for m, v in out.items()}
+
+
 def summarise_by_category(rows: list[Row]) -> dict[str, dict]:
     categories = sorted({r.category for r in rows})
     return {c: summarise([r for r in rows if r.category == c]) for c in categories}
@@ -165,6 +185,7 @@ def run_bench_cli(args) -> int:
         "config": config,
         "summary": summarise(rows),
         "by_category": summarise_by_category(rows),
+        "acceptance_by_k": acceptance_by_k(rows),
         "rows": [asdict(r) for r in rows],
         "peers": peers,
     }

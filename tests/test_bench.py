@@ -1,0 +1,99 @@
+"""specdecode bench: prompt sets, the summary figures, and a real end-to-end run on smollm2-135m."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdecode.bench.prompts import load_suite
+from specdecode.bench.runner import Row, acceptance_by_k, summarise
+from specdecode.errors import InputError
+from test_cli import run_cli
+from testlib import SMOLLM2
+
+
+@pytest.fixture
+def bench_dir(tmp_path):
+    (tmp_path / "humaneval.jsonl").write_text("\n".join(json.dumps(
+        {"task_id": f"HumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Return x plus {i}.\"\"\"\n"}) for i in range(3)))
+    (tmp_path / "specbench.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"question_id": 1, "category": "writing", "turns": ["Write one sentence about the sea.", "Now a shorter one."]},
+        {"question_id": 2, "category": "writing", "turns": ["Write one sentence about trees."]},
+        {"question_id": 3, "category": "summarization", "turns": ["Summarise: the cat sat on the mat. The cat sat."]},
+    ]))
+    return tmp_path
+
+
+def test_suites_load_with_limits_and_categories(bench_dir):
+    assert [p.id for p in load_suite("humaneval", bench_dir, 2)] == ["HumanEval/0", "HumanEval/1"]
+    spec = load_suite("specbench", bench_dir, 1)
+    assert [(p.id, p.category, len(p.turns)) for p in spec] == [("1", "writing", 2), ("3", "summarization", 1)]
+    assert [p.id for p in load_suite("specbench", bench_dir, None, ["writing"])] == ["1", "2"]
+    with pytest.raises(InputError, match="unknown Spec-Bench categories"):
+        load_suite("specbench", bench_dir, 1, ["poetry"])
+
+
+def row(method, tokens, seconds, steps_by_k=None, accepted_by_k=None, identical=None, prompt="p"):
+    steps_by_k = steps_by_k or {}
+    accepted_by_k = accepted_by_k or {}
+    drafted = sum(k * n for k, n in steps_by_k.items())
+    return Row(prompt, "c", 0, method, tokens, seconds, tokens / seconds, drafted, sum(accepted_by_k.values()),
+               sum(steps_by_k.values()) or tokens, 0.0, identical, "length", steps_by_k, accepted_by_k)
+
+
+def test_summary_speedup_and_acceptance_by_draft_length():
+    rows = [row("ar", 20, 10.0), row("draft", 20, 5.0, {4: 4, 2: 2, 0: 1}, {4: 12, 2: 1}, identical=True)]
+    summary = summarise(rows)
+    assert summary["draft"]["speedup"] == pytest.approx(2.0)
+    assert summary["draft"]["alpha"] == pytest.approx(13 / 20)
+    assert summary["draft"]["identical"] == 1
+    per_k = acceptance_by_k(rows)
+    assert set(per_k) == {"draft"}  # plain decoding and K=0 steps draft nothing
+    assert per_k["draft"][4] == {"steps": 4, "accepted": 12, "alpha": 0.75}
+    assert per_k["draft"][2]["alpha"] == pytest.approx(0.25)
+
+
+def test_bench_end_to_end_on_a_real_model(bench_dir, tmp_path, smollm2):
+    out = tmp_path / "out"
+    result = run_cli("bench", "--model", SMOLLM2, "--draft", "lookup", "--drafters", "ar,lookup", "--suite", "specbench",
+                     "--bench-dir", str(bench_dir), "--limit", "1", "--max-new-tokens", "12", "--ctx", "512",
+                     "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["summary"]) == {"ar", "lookup"}
+    lookup = results["summary"]["lookup"]
+    assert lookup["identical"] == lookup["total"] == 3  # 2 turns + 1, each equal to plain decoding
+    assert set(results["by_category"]) == {"writing", "summarization"}
+    assert {r["method"] for r in results["rows"]} == {"ar", "lookup"}
+    report = (out / "report.md").read_text()
+    assert "## Per category" in report and "| lookup |" in report
+    assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "plot skipped" not in result.stdout
+
+
+def test_bench_refuses_an_unknown_method(bench_dir, tmp_path):
+    result = run_cli("bench", "--model", SMOLLM2, "--draft", "lookup", "--drafters", "ar,magic", "--bench-dir",
+                     str(bench_dir), "--limit", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "o"))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "unknown method 'magic'" in result.stderr
+
+
+def test_tune_sweeps_k_and_plots_alpha_against_k(bench_dir, tmp_path):
+    out = tmp_path / "tune"
+    result = run_cli("tune", "--model", SMOLLM2, "--draft", "none", "--suite", "humaneval", "--bench-dir", str(bench_dir),
+                     "--limit", "1", "--max-new-tokens", "8", "--ctx", "512", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    sweep = json.loads((out / "tune.json").read_text())["sweep"]
+    assert set(sweep["lookup"]) == {"1", "2", "4", "8", "auto"}
+    assert "| lookup | 8 |" in result.stdout
+    assert "adaptive (--k auto)" in result.stdout or "best: plain" in result.stdout
+    assert (out / "alpha_vs_k.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_tune_prediction_counts_steps_without_a_proposal_as_plain_steps():
+    from specdecode.bench.tune import predict
+
+    assert predict(0.9, 4, 0.2, 1.5, coverage=0.0) == pytest.approx(1.0)
+    assert predict(1.0, 4, 0.0, 1.0, coverage=1.0) == pytest.approx(5.0)
+    # lookup matching on half the steps: half the steps gain, half are plain
+    assert predict(1.0, 4, 0.0, 1.0, coverage=0.5) == pytest.approx(3.0)
