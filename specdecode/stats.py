@@ -85,7 +85,8 @@ class GenerationStats:
             out["measured_costs"] = predicted_speedup(alpha, k, c, out["verify_ratio"])
         return out
 
-    def to_dict(self) -> dict:
+    def brief(self) -> dict:
+        """The headline figures, cheap enough to copy after every step (the server streams them)."""
         return {
             "drafter": self.drafter,
             "prompt_tokens": self.prompt_tokens,
@@ -95,11 +96,16 @@ class GenerationStats:
             "alpha": self.alpha,
             "tau": self.tau,
             "target_passes": self.target_passes,
+            "tokens_per_s": self.tokens_per_s,
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            **self.brief(),
             "draft_passes": self.draft_passes,
             "mean_k": self.mean_k,
             "steps_by_k": {str(k): n for k, n in sorted(self.steps_by_k.items())},
             "accepted_by_k": {str(k): n for k, n in sorted(self.accepted_by_k.items())},
-            "tokens_per_s": self.tokens_per_s,
             "time": {
                 "prefill": self.time_prefill,
                 "draft": self.time_draft,

@@ -138,20 +138,6 @@ class Step:
     final_stats: object = None  # the engine's GenerationStats, on the last step only
 
 
-def stats_snapshot(stats) -> dict:
-    return {
-        "drafter": stats.drafter,
-        "prompt_tokens": stats.prompt_tokens,
-        "generated_tokens": stats.generated_tokens,
-        "drafted": stats.drafted,
-        "accepted": stats.accepted,
-        "alpha": stats.alpha,
-        "tau": stats.tau,
-        "target_passes": stats.target_passes,
-        "tokens_per_s": stats.tokens_per_s,
-    }
-
-
 class Scheduler:
     def __init__(self, engine, default_drafter: str, queue_size: int, metrics: ServerMetrics,
                  default_max_tokens: int = 256, max_k: int = 8):
@@ -286,7 +272,7 @@ class Scheduler:
             return None
         stats = event.stats
         return Step(event.text, list(event.tokens), list(event.origins), [pieces.push(t) for t in event.tokens],
-                    stats_snapshot(stats), event.finished, stats.finish_reason if event.finished else None,
+                    stats.brief(), event.finished, stats.finish_reason if event.finished else None,
                     stats if event.finished else None)
 
     def _finish(self, job: Job, event: tuple) -> None:
