@@ -74,12 +74,18 @@ class Engine:
         self.costs = CostModel()
         # Learned across generations: how often the target accepts a draft token of a given confidence.
         self.calibration = ConfidenceCalibration()
+        # Per drafter, the speedup its drafting steps reached in recent generations (decayed average):
+        # the prior a new generation starts from, so a pair that keeps losing starts with plain decoding.
+        self.drafting_speedup: dict[str, float] = {}
         self.check_invariants = check_invariants
         self._drafters: dict[str, Drafter] = {}
         self.last_prompt_ids: list[int] = []
 
     def reset(self) -> None:
-        """Forget cached prefixes (benchmarks call this so no method inherits another's prefill)."""
+        """Forget cached prefixes (benchmarks call this so no method inherits another's prefill).
+
+        What the engine has learned about the models (costs, draft calibration, drafting speedup) is kept.
+        """
         self.cache.truncate(0)
         self.cached_ids = []
         for drafter in self._drafters.values():
@@ -198,15 +204,16 @@ class Engine:
             self.calibrate(max_k, drafter)
             stats.notes.append(f"measured target/draft costs for the adaptive K once ({time.perf_counter() - t0:.1f}s, not in the timings)")
         started = time.perf_counter()
-        policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", fixed_k if drafter else 0, max_k)
+        # A pinned K drafts exactly K; an adaptive one also ends each chain where it stops paying.
+        chain_rule = isinstance(drafter, DraftModelDrafter) and not isinstance(drafter, TreeDrafter) and fixed_k is None
         if isinstance(drafter, DraftModelDrafter):
-            # A pinned K drafts exactly K; an adaptive one also ends each chain where it stops paying.
-            drafter.stop_rule = (
-                DraftStopRule(self.costs, drafter.name, self.calibration, drafter.min_confidence) if fixed_k is None else None
-            )
-        # The draft model reads the prompt lazily, on its first proposal: if the policy never drafts
-        # (speculation not paying), that prefill is never spent.
+            drafter.stop_rule = DraftStopRule(self.costs, drafter.name, self.calibration, drafter.min_confidence) if chain_rule else None
+        policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", fixed_k if drafter else 0, max_k,
+                                   chain_stops_itself=chain_rule)
+        if chain_rule and drafter.name in self.drafting_speedup:
+            policy.prior_speedup = min(1.5, max(0.7, self.drafting_speedup[drafter.name]))
         self._prefill(prompt_ids)
+        drafter_ready = not (drafter is not None and drafter.has_model)
         stats.time_prefill = time.perf_counter() - started
         decoder = StreamDecoder(self.tokenizer)
         held_back = max((len(s) for s in stops), default=1) - 1
@@ -226,6 +233,13 @@ class Engine:
             k_step = min(policy.choose(), budget - 1, room) if drafter is not None else 0
             if isinstance(drafter, TreeDrafter):
                 k_step = min(k_step, room // 2)  # a tree block holds up to two tokens per depth
+            if k_step > 0 and not drafter_ready:
+                # The draft model reads the prompt only now, on its first proposal: a generation that never
+                # drafts never pays for it. Its time counts in the total but not in the per-step costs.
+                t0 = time.perf_counter()
+                drafter.prefill(prompt_ids)
+                stats.time_draft += time.perf_counter() - t0
+                drafter_ready = True
             t0 = time.perf_counter()
             draft = drafter.propose(sequence, k_step, sampling, generator) if k_step > 0 else Draft()
             t1 = time.perf_counter()
@@ -240,7 +254,8 @@ class Engine:
             if drafter is not None:
                 drafter.accept(sequence)
                 wasted = draft.forward_passes > len(draft.tokens) and draft.parents is None
-                policy.update(len(accepted_tokens), drafted, wasted=int(wasted))
+                policy.update(len(accepted_tokens), drafted, wasted=int(wasted), seconds=self._steady_step_time(draft, drafter, t0, t1, t2),
+                              tokens=len(new_tokens))
                 self._calibrate_confidence(draft, len(accepted_tokens))
             if self.check_invariants:
                 self._assert_invariants(sequence, drafter)
@@ -306,6 +321,15 @@ class Engine:
         self.cache.truncate(start + 1 + verdict.accepted)
         return draft.tokens[: verdict.accepted], verdict.next_token
 
+    def _steady_step_time(self, draft: Draft, drafter: Drafter, t0: float, t1: float, t2: float) -> float:
+        """Draft + verify time of a step, without a catch-up (a probe after plain steps feeds the draft model
+        the tokens it missed): that is the price of probing, not of drafting, so the policy must not judge by it."""
+        draft_time = t1 - t0
+        per_pass = self.costs.draft.get(drafter.name)
+        if draft.catch_up > 2 and per_pass is not None:
+            draft_time = min(draft_time, per_pass * max(1, draft.forward_passes))
+        return draft_time + (t2 - t1)
+
     def _calibrate_confidence(self, draft: Draft, accepted: int) -> None:
         if draft.parents is not None:
             return
@@ -330,6 +354,10 @@ class Engine:
             self.costs.record_draft(drafter.name, draft_time / max(1, draft.forward_passes or len(draft.tokens)))
 
     def _finalise(self, stats: GenerationStats, policy: DraftLengthPolicy) -> None:
+        measured = policy.measured_speedup()
+        if policy.chain_stops_itself and measured is not None:
+            old = self.drafting_speedup.get(stats.drafter)
+            self.drafting_speedup[stats.drafter] = measured if old is None else 0.6 * old + 0.4 * measured
         stats.single_step_cost = self.costs.target_cost(1)
         stats.draft_step_cost = self.costs.draft.get(stats.drafter) if stats.drafter != "none" else None
         stats.verify_cost_by_block = {n: self.costs.target_cost(n) for n in sorted(self.costs.target)}

@@ -76,32 +76,69 @@ class AcceptanceEstimate:
 
 
 class DraftLengthPolicy:
-    def __init__(self, costs: CostModel, drafter: str, fixed_k: int | None, max_k: int = 8, probe_every: int = 16):
+    """K for the next step. Two modes:
+
+    - i.i.d. model (lookup, trees): the K maximising Leviathan's expected tokens per second from the
+      running acceptance estimate and the measured costs;
+    - self-stopping chains (draft model with the stop rule): the chain decides its own length, so the
+      policy only decides whether drafting pays at all, by comparing the measured tokens per second of
+      recent drafting steps (draft + verify time) with a plain step's. A prior worth `prior_steps` steps
+      at `prior_speedup` keeps one unlucky step from switching drafting off.
+    """
+
+    def __init__(self, costs: CostModel, drafter: str, fixed_k: int | None, max_k: int = 8, probe_every: int = 12,
+                 chain_stops_itself: bool = False, rate_decay: float = 0.85, prior_speedup: float = 1.2,
+                 prior_steps: float = 3.0):
         self.costs = costs
         self.drafter = drafter
         self.fixed_k = fixed_k
         self.max_k = max_k
         self.probe_every = probe_every
+        self.chain_stops_itself = chain_stops_itself
+        self.rate_decay = rate_decay
+        self.prior_speedup = prior_speedup
+        self.prior_steps = prior_steps
         self.acceptance = AcceptanceEstimate()
         self.plain_streak = 0
         self.plain_steps = 0
+        self.draft_tokens = 0.0  # decayed sums over drafting steps
+        self.draft_seconds = 0.0
 
     def choose(self) -> int:
         if self.fixed_k is not None:
             return self.fixed_k
-        best_k, best_rate = 0, self._rate(0)
-        for k in range(1, self.max_k + 1):
-            rate = self._rate(k)
-            if rate is not None and best_rate is not None and rate > best_rate:
-                best_k, best_rate = k, rate
+        best_k = self._best_k()
         if best_k == 0:
             self.plain_streak += 1
             self.plain_steps += 1
             if self.plain_streak >= self.probe_every:
                 self.plain_streak = 0
-                return 2  # a cheap probe: is the draft agreeing again?
+                # a probe: is the draft agreeing again?
+                return self.max_k if self.chain_stops_itself else min(2, self.max_k)
             return 0
         self.plain_streak = 0
+        return best_k
+
+    def measured_speedup(self) -> float | None:
+        """Tokens per second of this generation's drafting steps over a plain step's (None before any)."""
+        plain = self.costs.target_cost(1)
+        if not self.draft_seconds or plain is None:
+            return None
+        return self.draft_tokens / self.draft_seconds * plain
+
+    def _best_k(self) -> int:
+        if self.chain_stops_itself:
+            plain = self.costs.target_cost(1)
+            if plain is None:
+                return self.max_k
+            tokens = self.draft_tokens + self.prior_steps * self.prior_speedup
+            seconds = self.draft_seconds + self.prior_steps * plain
+            return self.max_k if tokens / seconds > 1.0 / plain else 0
+        best_k, best_rate = 0, self._rate(0)
+        for k in range(1, self.max_k + 1):
+            rate = self._rate(k)
+            if rate is not None and best_rate is not None and rate > best_rate:
+                best_k, best_rate = k, rate
         return best_k
 
     def _rate(self, k: int) -> float | None:
@@ -112,8 +149,13 @@ class DraftLengthPolicy:
         draft = self.costs.draft.get(self.drafter, 0.0)
         return expected_tokens_per_pass(self.acceptance.value, k) / (k * draft + verify)
 
-    def update(self, accepted: int, drafted: int, wasted: int = 0) -> None:
+    def update(self, accepted: int, drafted: int, wasted: int = 0, seconds: float | None = None, tokens: int = 0) -> None:
+        """One step's outcome; seconds (draft + verify) and tokens (new tokens) of drafting steps feed the
+        measured drafting rate."""
         self.acceptance.update(accepted, drafted, wasted)
+        if seconds is not None and (drafted or wasted):
+            self.draft_tokens = self.rate_decay * self.draft_tokens + tokens
+            self.draft_seconds = self.rate_decay * self.draft_seconds + seconds
 
 
 class ConfidenceCalibration:

@@ -33,18 +33,21 @@ def test_suites_load_with_limits_and_categories(bench_dir):
         load_suite("specbench", bench_dir, 1, ["poetry"])
 
 
-def row(method, tokens, seconds, steps_by_k=None, accepted_by_k=None, identical=None, prompt="p"):
+def row(method, tokens, seconds, steps_by_k=None, accepted_by_k=None, identical=None, prompt="p", prefill=0.0):
     steps_by_k = steps_by_k or {}
     accepted_by_k = accepted_by_k or {}
     drafted = sum(k * n for k, n in steps_by_k.items())
     return Row(prompt, "c", 0, method, tokens, seconds, tokens / seconds, drafted, sum(accepted_by_k.values()),
-               sum(steps_by_k.values()) or tokens, 0.0, identical, "length", steps_by_k, accepted_by_k)
+               sum(steps_by_k.values()) or tokens, 0.0, identical, "length", prefill_seconds=prefill,
+               steps_by_k=steps_by_k, accepted_by_k=accepted_by_k)
 
 
 def test_summary_speedup_and_acceptance_by_draft_length():
-    rows = [row("ar", 20, 10.0), row("draft", 20, 5.0, {4: 4, 2: 2, 0: 1}, {4: 12, 2: 1}, identical=True)]
+    rows = [row("ar", 20, 10.0, prefill=4.0),
+            row("draft", 20, 7.0, {4: 4, 2: 2, 0: 1}, {4: 12, 2: 1}, identical=True, prefill=4.0)]
     summary = summarise(rows)
-    assert summary["draft"]["speedup"] == pytest.approx(2.0)
+    assert summary["draft"]["speedup"] == pytest.approx(10 / 7)
+    assert summary["draft"]["decode_speedup"] == pytest.approx(2.0)  # 6 s of decoding against 3 s
     assert summary["draft"]["alpha"] == pytest.approx(13 / 20)
     assert summary["draft"]["identical"] == 1
     per_k = acceptance_by_k(rows)

@@ -73,3 +73,32 @@ def test_policy_falls_back_to_plain_decoding_when_speculation_cannot_pay(accepte
 def test_pinned_k_is_used_as_given():
     policy = DraftLengthPolicy(costs(), "draft", fixed_k=3)
     assert [policy.choose() for _ in range(5)] == [3] * 5
+
+
+def test_with_a_self_stopping_chain_the_policy_only_decides_whether_to_draft():
+    policy = DraftLengthPolicy(costs(), "draft", fixed_k=None, max_k=8, chain_stops_itself=True)
+    assert policy.choose() == 8  # the prior says drafting pays; the stop rule will end the chain
+    # one unlucky step does not switch drafting off (the prior is worth three steps at 1.2x)
+    policy.update(0, 1, seconds=0.5, tokens=1)
+    assert policy.choose() == 8
+    # measured: drafting steps give 1 token per 0.5 s, a plain step 1 per 0.33 s
+    for _ in range(4):
+        policy.update(0, 1, seconds=0.5, tokens=1)
+    assert policy.choose() == 0
+    # plain steps until the probe, which drafts up to max_k again
+    ks = [policy.choose() for _ in range(11)]  # the 12th plain choice in a row is the probe
+    assert ks[-1] == 8 and set(ks[:-1]) == {0}
+    # a good probe (4 tokens in 0.6 s) outweighs the old evidence; plain steps leave it alone
+    for _ in range(11):
+        policy.update(0, 0, seconds=0.33, tokens=1)
+    policy.update(3, 4, seconds=0.6, tokens=4)
+    assert policy.choose() == 8
+
+
+def test_a_losing_history_makes_the_next_generation_start_with_plain_decoding():
+    policy = DraftLengthPolicy(costs(), "draft", fixed_k=None, max_k=8, chain_stops_itself=True)
+    policy.prior_speedup = 0.8  # what earlier generations measured
+    assert policy.choose() == 0
+    assert policy.measured_speedup() is None
+    policy.update(4, 4, seconds=0.66, tokens=5)
+    assert policy.measured_speedup() == pytest.approx(5 / 0.66 * 0.33)

@@ -32,6 +32,7 @@ class Row:
     mean_k: float
     identical: bool | None  # token ids equal to plain decoding's (None for plain itself)
     finish_reason: str
+    prefill_seconds: float = 0.0  # the target reading the prompt: the same work for every method
     steps_by_k: dict[int, int] = field(default_factory=dict)  # target passes by draft length
     accepted_by_k: dict[int, int] = field(default_factory=dict)  # accepted draft tokens by draft length
 
@@ -51,7 +52,7 @@ def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_to
         s = result.stats
         rows.append(Row(prompt.id, prompt.category, turn_index, method, s.generated_tokens, s.time_total,
                         s.tokens_per_s, s.drafted, s.accepted, s.target_passes, s.mean_k, None, s.finish_reason,
-                        dict(s.steps_by_k), dict(s.accepted_by_k)))
+                        s.time_prefill, dict(s.steps_by_k), dict(s.accepted_by_k)))
         outputs.append(result.token_ids)
     return rows, outputs
 
@@ -95,10 +96,12 @@ def summarise(rows: list[Row]) -> dict:
         by_method.setdefault(row.method, []).append(row)
     base = by_method.get("ar")
     base_tps = _tps(base) if base else None
+    base_decode = _tps(base, decode_only=True) if base else None
     base_by_key = {(r.prompt_id, r.turn): r for r in base or []}
     out = {}
     for method, items in by_method.items():
         tps = _tps(items)
+        decode = _tps(items, decode_only=True)
         drafted = sum(r.drafted for r in items)
         ratios = [
             r.tokens_per_s / base_by_key[(r.prompt_id, r.turn)].tokens_per_s
@@ -109,6 +112,8 @@ def summarise(rows: list[Row]) -> dict:
         out[method] = {
             "tokens_per_s": tps,
             "speedup": tps / base_tps if base_tps else None,
+            "decode_tokens_per_s": decode,
+            "decode_speedup": decode / base_decode if base_decode else None,
             "median_speedup": statistics.median(ratios) if ratios and method != "ar" else None,
             "alpha": sum(r.accepted for r in items) / drafted if drafted else None,
             "tau": sum(r.new_tokens for r in items) / max(1, sum(r.target_passes for r in items)),
@@ -121,8 +126,9 @@ def summarise(rows: list[Row]) -> dict:
     return out
 
 
-def _tps(rows: list[Row]) -> float:
-    seconds = sum(r.seconds for r in rows)
+def _tps(rows: list[Row], decode_only: bool = False) -> float:
+    """Aggregate tokens/s; decode_only leaves out the target's prompt prefill (a draft model's prefill stays in)."""
+    seconds = sum(r.seconds - (r.prefill_seconds if decode_only else 0.0) for r in rows)
     return sum(r.new_tokens for r in rows) / seconds if seconds else 0.0
 
 

@@ -37,7 +37,7 @@ class Drafter:
         raise NotImplementedError
 
     def prefill(self, context: list[int]) -> None:
-        """Called once per generation with the prompt, inside the engine's prefill phase."""
+        """Called once per generation with the prompt, before the first proposal (model drafters read it here)."""
 
     def accept(self, context: list[int]) -> None:
         """Called after verification with the full token sequence now known to be correct."""

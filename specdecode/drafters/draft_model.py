@@ -54,7 +54,7 @@ class DraftModelDrafter(Drafter):
         return None if out is None else out[-1]
 
     def prefill(self, context: list[int]) -> None:
-        """Consume the prompt (all but its last token) during the engine's prefill, not the first draft step."""
+        """Consume the prompt (all but its last token) so that proposals only feed the newest tokens."""
         self._feed(context[:-1], logits="none")
 
     def _sync(self, context: list[int]) -> torch.Tensor:

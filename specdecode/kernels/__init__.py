@@ -22,6 +22,10 @@ _kernel = None
 _kernel_failed: str | None = None
 # Above this many rows (prompt prefill) the BLAS GEMM wins; decoding and verify blocks stay below it.
 SKINNY_MAX_ROWS = 16
+# bfloat16 weights would first be converted to float32 for the GEMM (~0.8 s per pass over the 0.5B draft
+# on 2 cores), so up to this many rows they go through the kernel in SKINNY_MAX_ROWS blocks instead
+# (measured on the draft: 40 rows 0.56 s instead of 1.26 s, 128 rows 1.9 s instead of 2.2 s).
+BF16_KERNEL_MAX_ROWS = 256
 
 
 def _cpu_has_avx2_fma() -> bool:
@@ -84,10 +88,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.shape[1] % 8 == 0
-        and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]
     ):
-        y = _kernel.skinny_linear(x, weight)
-        return y + bias if bias is not None else y
+        rows = x.numel() // x.shape[-1]
+        if rows <= SKINNY_MAX_ROWS:
+            y = _kernel.skinny_linear(x, weight)
+            return y + bias if bias is not None else y
+        if weight.dtype == torch.bfloat16 and rows <= BF16_KERNEL_MAX_ROWS:
+            flat = x.reshape(rows, x.shape[-1])
+            y = torch.cat([_kernel.skinny_linear(flat[i : i + SKINNY_MAX_ROWS], weight)
+                           for i in range(0, rows, SKINNY_MAX_ROWS)])
+            y = y.reshape(*x.shape[:-1], weight.shape[0])
+            return y + bias if bias is not None else y
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
     return F.linear(x, weight, bias)

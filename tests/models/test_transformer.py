@@ -71,6 +71,23 @@ def test_linear_kernel_is_row_count_invariant_bitwise():
             torch.testing.assert_close(full, x @ weight.float().T, rtol=1e-4, atol=1e-4)
 
 
+def test_bfloat16_weights_run_prefill_sized_blocks_through_the_kernel_in_chunks():
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(70, 64, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(70, generator=gen)
+    for rows in (17, 40, kernels.BF16_KERNEL_MAX_ROWS + 3):  # chunked, chunked with a short tail, GEMM
+        x = torch.randn(rows, 64, generator=gen)
+        y = kernels.linear(x, weight, bias)
+        assert y.shape == (rows, 70)
+        torch.testing.assert_close(y, x @ weight.float().T + bias, rtol=1e-4, atol=1e-4)
+        if rows <= kernels.BF16_KERNEL_MAX_ROWS:  # chunks give each row exactly its single-row result
+            assert torch.equal(y[rows - 1 :], kernels.linear(x[rows - 1 :], weight, bias))
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_chunked_prefill_matches_one_block(name):
     model = make_tiny_model(seed=4, **CONFIGS[name])
