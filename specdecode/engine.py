@@ -77,6 +77,7 @@ class Engine:
         # Per drafter, the speedup its drafting steps reached in recent generations (decayed average):
         # the prior a new generation starts from, so a pair that keeps losing starts with plain decoding.
         self.drafting_speedup: dict[str, float] = {}
+        self.draft_prefill_cost: dict[str, float] = {}  # seconds per prompt token, measured on lazy prefills
         self.check_invariants = check_invariants
         self._drafters: dict[str, Drafter] = {}
         self.last_prompt_ids: list[int] = []
@@ -233,12 +234,22 @@ class Engine:
             k_step = min(policy.choose(), budget - 1, room) if drafter is not None else 0
             if isinstance(drafter, TreeDrafter):
                 k_step = min(k_step, room // 2)  # a tree block holds up to two tokens per depth
+            if k_step > 0 and not drafter_ready and fixed_k is None and not self._draft_prefill_pays(
+                drafter.name, policy, len(prompt_ids), budget, stats.time_prefill
+            ):
+                k_step = 0
+                policy.plain_steps += 1
             if k_step > 0 and not drafter_ready:
                 # The draft model reads the prompt only now, on its first proposal: a generation that never
                 # drafts never pays for it. Its time counts in the total but not in the per-step costs.
                 t0 = time.perf_counter()
                 drafter.prefill(prompt_ids)
-                stats.time_draft += time.perf_counter() - t0
+                seconds = time.perf_counter() - t0
+                stats.time_draft += seconds
+                if len(prompt_ids) >= 16:
+                    old = self.draft_prefill_cost.get(drafter.name)
+                    per_token = seconds / len(prompt_ids)
+                    self.draft_prefill_cost[drafter.name] = per_token if old is None else 0.5 * (old + per_token)
                 drafter_ready = True
             t0 = time.perf_counter()
             draft = drafter.propose(sequence, k_step, sampling, generator) if k_step > 0 else Draft()
@@ -321,6 +332,28 @@ class Engine:
         self.cache.truncate(start + 1 + verdict.accepted)
         return draft.tokens[: verdict.accepted], verdict.next_token
 
+    def _draft_prefill_pays(self, name: str, policy: DraftLengthPolicy, prompt_len: int, budget: int,
+                            target_prefill: float) -> bool:
+        """Before the draft model reads a long prompt: can drafting the tokens left repay that prefill?
+
+        Saving expected: the tokens left, at a plain step each, times (1 - 1/speedup) at the speedup the
+        policy's prior expects. Prefill cost: measured per prompt token earlier, else estimated from this
+        generation's target prefill scaled by the draft/target step cost ratio.
+        """
+        plain = self.costs.target_cost(1)
+        if plain is None:
+            return True
+        # A losing history still lets a probe explore, judged at a modest 1.2x.
+        speedup = max(policy.prior_speedup, 1.2)
+        per_token = self.draft_prefill_cost.get(name)
+        if per_token is None:
+            draft = self.costs.draft.get(name)
+            if draft is None:
+                return True
+            per_token = target_prefill / max(1, prompt_len) * draft / plain
+        saving = budget * plain * (1.0 - 1.0 / speedup)
+        return saving > per_token * prompt_len
+
     def _steady_step_time(self, draft: Draft, drafter: Drafter, t0: float, t1: float, t2: float) -> float:
         """Draft + verify time of a step, without a catch-up (a probe after plain steps feeds the draft model
         the tokens it missed): that is the price of probing, not of drafting, so the policy must not judge by it."""
@@ -355,7 +388,7 @@ class Engine:
 
     def _finalise(self, stats: GenerationStats, policy: DraftLengthPolicy) -> None:
         measured = policy.measured_speedup()
-        if policy.chain_stops_itself and measured is not None:
+        if policy.chain_stops_itself and measured is not None and policy.drafting_steps >= 3:
             old = self.drafting_speedup.get(stats.drafter)
             self.drafting_speedup[stats.drafter] = measured if old is None else 0.6 * old + 0.4 * measured
         stats.single_step_cost = self.costs.target_cost(1)

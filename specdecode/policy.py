@@ -101,6 +101,7 @@ class DraftLengthPolicy:
         self.acceptance = AcceptanceEstimate()
         self.plain_streak = 0
         self.plain_steps = 0
+        self.drafting_steps = 0
         self.draft_tokens = 0.0  # decayed sums over drafting steps
         self.draft_seconds = 0.0
 
@@ -154,6 +155,7 @@ class DraftLengthPolicy:
         measured drafting rate."""
         self.acceptance.update(accepted, drafted, wasted)
         if seconds is not None and (drafted or wasted):
+            self.drafting_steps += 1
             self.draft_tokens = self.rate_decay * self.draft_tokens + tokens
             self.draft_seconds = self.rate_decay * self.draft_seconds + seconds
 

@@ -192,3 +192,35 @@ def test_tree_drafter_without_draft_model(pair):
     engine = Engine(as_loaded(pair[0]), None, max_context=64)
     with pytest.raises(InputError, match="draft model"):
         engine.generate(PROMPT, drafter="tree", max_new_tokens=3)
+
+
+# --------------------------------------------------------------------------- knowing when not to draft
+def known_costs(engine, draft_prefill_per_token):
+    """Pretend calibration ran: cheap draft passes, target blocks barely dearer than a step."""
+    for n in range(1, 10):
+        engine.costs.target[n] = 0.01 + 0.0005 * n
+    engine.costs.draft["draft"] = 0.001
+    engine.draft_prefill_cost["draft"] = draft_prefill_per_token
+
+
+def test_draft_model_skips_a_prompt_prefill_the_answer_cannot_repay(engine, monkeypatch):
+    # the engine's measured costs must stay as set: the tiny model's real timings would overwrite them
+    monkeypatch.setattr(engine.costs, "record_target", lambda *a: None)
+    monkeypatch.setattr(engine.costs, "record_draft", lambda *a: None)
+    long_prompt = PROMPT * 3
+    known_costs(engine, draft_prefill_per_token=1.0)  # reading the prompt costs 27 s; 6 tokens save < 0.1 s
+    plain = engine.generate(long_prompt, drafter="none", max_new_tokens=6)
+    result = engine.generate(long_prompt, drafter="draft", k="auto", max_new_tokens=6)
+    assert result.stats.drafted == 0 and result.stats.draft_passes == 0
+    assert engine._drafters["draft"].cache.length == 0  # the draft model never read the prompt
+    assert result.token_ids == plain.token_ids
+    known_costs(engine, draft_prefill_per_token=1e-6)
+    result = engine.generate(long_prompt, drafter="draft", k="auto", max_new_tokens=6)
+    assert result.stats.draft_passes > 0
+    assert result.token_ids == plain.token_ids
+
+
+def test_a_pinned_k_always_drafts(engine):
+    known_costs(engine, draft_prefill_per_token=1.0)
+    result = engine.generate(PROMPT * 3, drafter="draft", k=2, max_new_tokens=6)
+    assert result.stats.draft_passes > 0

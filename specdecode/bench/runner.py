@@ -182,20 +182,21 @@ def run_bench_cli(args) -> int:
         "draft": engine.draft.name if engine.draft else None, "draft_dtype": engine.draft.dtype if engine.draft else None,
         "wall_seconds": time.time() - started,
     }
-    peers = None
-    if args.peers:
-        from .peers import run_peers
-
-        peers = run_peers(args, prompts, rows, engine.tokenizer)
     results = {
         "config": config,
         "summary": summarise(rows),
         "by_category": summarise_by_category(rows),
         "acceptance_by_k": acceptance_by_k(rows),
         "rows": [asdict(r) for r in rows],
-        "peers": peers,
+        "peers": None,
     }
+    # Written before the peers run, so a failing peer never costs the specdecode figures.
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    if args.peers:
+        from .peers import run_peers
+
+        results["peers"] = run_peers(args, prompts, rows, engine.tokenizer)
+        (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     report = write_report(results, out_dir)
     print(report)
     return 0
