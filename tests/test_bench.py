@@ -100,3 +100,16 @@ def test_tune_prediction_counts_steps_without_a_proposal_as_plain_steps():
     assert predict(1.0, 4, 0.0, 1.0, coverage=1.0) == pytest.approx(5.0)
     # lookup matching on half the steps: half the steps gain, half are plain
     assert predict(1.0, 4, 0.0, 1.0, coverage=0.5) == pytest.approx(3.0)
+
+
+def test_peer_summary_gives_ratios_to_specdecode_plain_and_to_each_systems_own_plain():
+    from specdecode.bench.peers import summarise_peers
+
+    rows = [vars(row("ar", 20, 10.0)), vars(row("draft", 20, 5.0, {4: 4}, {4: 12}))]
+    runs = {"transformers": [{"prompt_id": "p", "new_tokens": 10, "seconds": 10.0}],
+            "transformers-assisted": [{"prompt_id": "p", "new_tokens": 15, "seconds": 10.0}]}
+    summary = summarise_peers(runs, rows, earlier={"llama.cpp": {"tokens_per_s": 8.0}})
+    assert summary["transformers"]["vs_specdecode_plain"] == pytest.approx(0.5)
+    assert summary["transformers-assisted"]["vs_own_plain"] == pytest.approx(1.5)
+    assert summary["specdecode-draft"]["vs_own_plain"] == pytest.approx(2.0)
+    assert summary["llama.cpp"]["vs_specdecode_plain"] == pytest.approx(4.0)  # kept from an earlier run

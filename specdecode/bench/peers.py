@@ -63,13 +63,21 @@ def _llamacpp_runs(args, prompts, tokenizer) -> dict:
 
 def run_peers(args, prompts, rows, tokenizer) -> dict:
     """First turns only, greedy, same max_new_tokens; figures as ratios to specdecode's own plain decoding."""
-    results = {}
-    results.update(_llamacpp_runs(args, prompts, tokenizer))
-    results.update(_transformers_runs(args, prompts, tokenizer))
-    for method in sorted({r.method for r in rows}):
-        results[f"specdecode-{method}"] = [vars(r) for r in rows if r.method == method and r.turn == 0]
-    summary = {}
-    for label, items in results.items():
+    runs = {}
+    runs.update(_llamacpp_runs(args, prompts, tokenizer))
+    runs.update(_transformers_runs(args, prompts, tokenizer))
+    runs = {label: [{k: v for k, v in item.items() if k != "token_ids"} for item in items] for label, items in runs.items()}
+    return {"runs": runs, "summary": summarise_peers(runs, [vars(r) for r in rows])}
+
+
+def summarise_peers(runs: dict, rows: list[dict], earlier: dict | None = None) -> dict:
+    """tokens/s per system, next to specdecode's own methods (first turns), as ratios to specdecode plain
+    and to each system's own plain decoding. `earlier` keeps summary entries of systems not rerun."""
+    everything = dict(runs)
+    for method in sorted({r["method"] for r in rows}):
+        everything[f"specdecode-{method}"] = [r for r in rows if r["method"] == method and r["turn"] == 0]
+    summary = {label: dict(entry) for label, entry in (earlier or {}).items() if label not in everything}
+    for label, items in everything.items():
         tokens = sum(i["new_tokens"] for i in items)
         seconds = sum(i["seconds"] for i in items)
         summary[label] = {"tokens_per_s": tokens / seconds if seconds else 0.0, "prompts": len(items)}
@@ -80,7 +88,7 @@ def run_peers(args, prompts, rows, tokenizer) -> dict:
                         ("specdecode-draft", "specdecode-ar"), ("specdecode-lookup", "specdecode-ar")):
         if fast in summary and plain in summary and summary[plain]["tokens_per_s"]:
             summary[fast]["vs_own_plain"] = summary[fast]["tokens_per_s"] / summary[plain]["tokens_per_s"]
-    return {"summary": summary}
+    return summary
 
 
 def peer_table(peers: dict) -> list[str]:
