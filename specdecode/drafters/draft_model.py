@@ -77,11 +77,12 @@ class DraftModelDrafter(Drafter):
             probs_row = probabilities(logits[None], sampling)[0] if not sampling.greedy else None
             if rule is not None or self.min_confidence > 0:
                 confidence = float(torch.softmax(logits.float(), -1).max())
-                if confidence < self.min_confidence and tokens:
+                if rule is None:  # the rule applies min_confidence itself
+                    if confidence < self.min_confidence and tokens:
+                        break
+                elif not rule.keep(len(tokens), chain_prob, confidence):
                     break
-                if rule is not None and not rule.keep(len(tokens), chain_prob, confidence):
-                    break
-                if rule is not None:
+                else:
                     chain_prob *= rule.calibration(confidence)
             else:
                 confidence = float("nan")
