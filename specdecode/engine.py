@@ -72,8 +72,9 @@ class Engine:
         self.cached_ids: list[int] = []  # tokens whose keys/values the target cache holds
         self.prefill_chunk = prefill_chunk
         self.costs = CostModel()
-        # Learned across generations: how often the target accepts a draft token of a given confidence.
-        self.calibration = ConfidenceCalibration()
+        # Learned across generations, per drafter: how often the target accepts a draft token of a given
+        # confidence (the draft model's top probability, or prompt lookup's match-length score).
+        self.calibrations: dict[str, ConfidenceCalibration] = {}
         # Per drafter, the speedup its drafting steps reached in recent generations (decayed average):
         # the prior a new generation starts from, so a pair that keeps losing starts with plain decoding.
         self.drafting_speedup: dict[str, float] = {}
@@ -114,6 +115,15 @@ class Engine:
         if name == "lookup":
             return self._drafters.setdefault("lookup", PromptLookupDrafter())
         raise InputError(f"unknown drafter '{name}' (choose from {', '.join(DRAFTER_NAMES)})")
+
+    @staticmethod
+    def resolve_max_k(max_k: int | None, drafter: Drafter | None) -> int:
+        """The caller's largest K, or the drafter's own default (prompt lookup copies longer runs)."""
+        if max_k is not None:
+            if not isinstance(max_k, int) or max_k < 1:
+                raise InputError(f"max_k must be an integer >= 1, got {max_k!r}")
+            return max_k
+        return drafter.default_max_k if drafter is not None else Drafter.default_max_k
 
     def encode_prompt(self, prompt: str | list[dict] | list[int], chat: bool | None = None) -> list[int]:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -158,7 +168,7 @@ class Engine:
         stop: tuple[str, ...] | list[str] = (),
         chat: bool | None = None,
         min_confidence: float = 0.0,
-        max_k: int = 8,
+        max_k: int | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> Iterator[StreamEvent]:
         sampling = sampling or SamplingParams()
@@ -174,7 +184,7 @@ class Engine:
         if len(prompt_ids) >= self.max_context:
             raise InputError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_context}")
         drafter_obj = self.drafter(drafter, min_confidence)
-        max_k = max(1, min(max_k, self.max_context - 2))
+        max_k = max(1, min(self.resolve_max_k(max_k, drafter_obj), self.max_context - 2))
         if isinstance(drafter_obj, TreeDrafter) and not sampling.greedy:
             raise InputError("token-tree drafting supports greedy decoding only; use the chain drafter for sampling")
         return self._loop(prompt_ids, drafter_obj, k, sampling, max_new_tokens, stops, max_k, should_stop)
@@ -206,10 +216,18 @@ class Engine:
             stats.notes.append(f"measured target/draft costs for the adaptive K once ({time.perf_counter() - t0:.1f}s, not in the timings)")
         started = time.perf_counter()
         # A pinned K drafts exactly K; an adaptive one also ends each chain where it stops paying.
-        chain_rule = isinstance(drafter, DraftModelDrafter) and not isinstance(drafter, TreeDrafter) and fixed_k is None
-        if isinstance(drafter, DraftModelDrafter):
-            drafter.stop_rule = DraftStopRule(self.costs, drafter.name, self.calibration, drafter.min_confidence) if chain_rule else None
-        policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", fixed_k if drafter else 0, max_k,
+        chain_rule = drafter is not None and drafter.supports_stop_rule and fixed_k is None
+        if drafter is not None and drafter.supports_stop_rule:
+            calibration = self.calibrations.setdefault(drafter.name, ConfidenceCalibration())
+            min_confidence = getattr(drafter, "min_confidence", 0.0)
+            drafter.stop_rule = DraftStopRule(self.costs, drafter.name, calibration, min_confidence) if chain_rule else None
+        policy_k = fixed_k if drafter else 0
+        if chain_rule and not drafter.has_model:
+            # A model-free drafter's refusal costs nothing, so its stop rule alone decides, step by step, how much
+            # of a match to verify (nothing when no token pays); a measured-rate off switch would also silence the
+            # long, confident matches it exists for.
+            policy_k = max_k
+        policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", policy_k, max_k,
                                    chain_stops_itself=chain_rule)
         if chain_rule and drafter.name in self.drafting_speedup:
             policy.prior_speedup = min(1.5, max(0.7, self.drafting_speedup[drafter.name]))
@@ -267,7 +285,7 @@ class Engine:
                 wasted = draft.forward_passes > len(draft.tokens) and draft.parents is None
                 policy.update(len(accepted_tokens), drafted, wasted=int(wasted), seconds=self._steady_step_time(draft, drafter, t0, t1, t2),
                               tokens=len(new_tokens))
-                self._calibrate_confidence(draft, len(accepted_tokens))
+                self._calibrate_confidence(drafter, draft, len(accepted_tokens))
             if self.check_invariants:
                 self._assert_invariants(sequence, drafter)
             bonus = drafted > 0 and len(accepted_tokens) >= drafted
@@ -363,13 +381,14 @@ class Engine:
             draft_time = min(draft_time, per_pass * max(1, draft.forward_passes))
         return draft_time + (t2 - t1)
 
-    def _calibrate_confidence(self, draft: Draft, accepted: int) -> None:
-        if draft.parents is not None:
+    def _calibrate_confidence(self, drafter: Drafter, draft: Draft, accepted: int) -> None:
+        if draft.parents is not None or not draft.confidences:
             return
+        calibration = self.calibrations.setdefault(drafter.name, ConfidenceCalibration())
         # Positions after the first rejection were never judged by the target.
         for i, confidence in enumerate(draft.confidences[: accepted + 1]):
             if confidence == confidence:  # NaN when the drafter did not compute it
-                self.calibration.update(confidence, i < accepted)
+                calibration.update(confidence, i < accepted)
 
     def _account(self, stats, draft, drafted, accepted, bonus, block_size, draft_time, verify_time, drafter) -> None:
         stats.drafted += drafted
@@ -416,7 +435,7 @@ class Engine:
                 raise AssertionError("draft cache holds tokens that are not a prefix of the sequence")
 
     # ----------------------------------------------------------------- cost measurement
-    def calibrate(self, max_k: int, drafter: Drafter | None = None, repeats: int = 3) -> None:
+    def calibrate(self, max_k: int | None, drafter: Drafter | None = None, repeats: int = 3) -> None:
         """Time target passes of 1..max_k+1 tokens (and a draft pass) on scratch positions.
 
         The fastest of a few repeats is kept: a one-off stall (page faults, another process) must not
@@ -424,6 +443,7 @@ class Engine:
         measure again.
         """
         device = self.target.model.device
+        max_k = self.resolve_max_k(max_k, drafter)
         scratch = self.target.model.new_cache(max_k + 40)
         max_k = max(1, min(max_k, scratch.max_len - 2))  # a model with a tiny context still gets measured
         warm_len = max(1, min(8, scratch.max_len - (max_k + 1)))

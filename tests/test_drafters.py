@@ -4,7 +4,7 @@ import torch
 
 from specdecode.drafters.base import Draft, Drafter
 from specdecode.drafters.draft_model import DraftModelDrafter, common_prefix_len
-from specdecode.drafters.lookup import PromptLookupDrafter
+from specdecode.drafters.lookup import PromptLookupDrafter, match_confidence
 from specdecode.sampling import SamplingParams
 from testlib import make_tiny_model, reference_greedy
 
@@ -44,6 +44,50 @@ def test_lookup_never_matches_the_suffix_with_itself():
     drafter = PromptLookupDrafter(max_ngram=4, min_ngram=2)
     assert drafter.propose([5, 6, 7, 8], 3, GREEDY, gen()).tokens == []
     assert drafter.propose([5, 5, 5, 5], 3, GREEDY, gen()).tokens == [5]
+
+
+def test_lookup_prefers_the_occurrence_whose_match_reaches_furthest_back():
+    drafter = PromptLookupDrafter(max_ngram=2)
+    #          0  1  2  3  4  5  6  7  8  9  10 11 12
+    context = [4, 1, 2, 3, 9, 8, 1, 2, 3, 7, 4, 1, 2]
+    # "1 2" ends at 2 and 7; only the one at 2 is preceded by 4 as the suffix is, so its match is longer
+    draft = drafter.propose(context, 2, GREEDY, gen())
+    assert draft.tokens == [3, 9]
+    assert draft.confidences == [match_confidence(3), match_confidence(4)]
+
+
+def test_lookup_index_follows_a_growing_context_and_restarts_on_a_new_one():
+    drafter = PromptLookupDrafter()
+    context = [1, 2, 3, 4]
+    assert drafter.propose(context, 2, GREEDY, gen()).tokens == []
+    context += [1, 2]
+    assert drafter.propose(context, 2, GREEDY, gen()).tokens == [3, 4]
+    assert drafter.propose([9, 8, 9], 2, GREEDY, gen()).tokens == [8, 9]  # another sequence: index rebuilt
+
+
+class _Rule:
+    """Keeps a token while the predicted chance that the whole copy survives stays above a floor."""
+
+    def __init__(self, floor):
+        self.floor = floor
+
+    def calibration(self, confidence):
+        return confidence
+
+    def keep(self, drafted, chain_prob, confidence):
+        return chain_prob * confidence > self.floor
+
+
+def test_lookup_stop_rule_ends_the_copy_where_it_stops_paying():
+    drafter = PromptLookupDrafter()
+    context = [5, 6, 7, 8, 9, 10, 11, 12, 5]
+    assert len(drafter.propose(context, 8, GREEDY, gen()).tokens) == 8  # no rule: the whole follow
+    drafter.stop_rule = _Rule(0.0)
+    assert len(drafter.propose(context, 8, GREEDY, gen()).tokens) == 8
+    drafter.stop_rule = _Rule(0.05)  # 1/3 * 2/4 * 3/5 * 4/6 = 0.067, then * 5/7 = 0.048
+    assert drafter.propose(context, 8, GREEDY, gen()).tokens == [6, 7, 8, 9]
+    drafter.stop_rule = _Rule(0.5)  # even the first token (match of one: 1/3) does not pay
+    assert drafter.propose(context, 8, GREEDY, gen()).tokens == []
 
 
 def test_lookup_draft_has_no_distributions():

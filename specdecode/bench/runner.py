@@ -58,7 +58,7 @@ def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_to
 
 
 def run_bench(engine, prompts: list[BenchPrompt], methods: list[str], k, sampling: SamplingParams,
-              max_new_tokens: int, max_k: int = 8, progress: bool = True) -> list[Row]:
+              max_new_tokens: int, max_k: int | None = None, progress: bool = True) -> list[Row]:
     # Warm-up: first calls pay for page faults, kernel loading and cost calibration.
     warm = prompts[0]
     for method in methods:

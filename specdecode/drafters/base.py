@@ -20,7 +20,8 @@ class Draft:
     parents: list[int] | None = None
     chain_length: int = 0  # for trees: the depth of the main chain (what counts as drafted)
     catch_up: int = 0  # context tokens the drafter had to consume before drafting
-    # Per drafted token, the draft's top probability when it was chosen (NaN when not computed).
+    # Per drafted token, a score that predicts its acceptance (NaN when not computed): the draft model's
+    # top probability, or prompt lookup's match-length score. The engine calibrates it per drafter.
     confidences: list[float] = field(default_factory=list)
 
 
@@ -29,6 +30,9 @@ class Drafter:
 
     name = "base"
     has_model = False
+    supports_stop_rule = False  # whether it ends its own drafts through a DraftStopRule (adaptive K)
+    default_max_k = 8  # the largest K an adaptive policy may pick when the caller sets none
+    stop_rule = None
 
     def reset(self) -> None:
         """Forget everything about the previous generation."""

@@ -20,6 +20,7 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 class DraftModelDrafter(Drafter):
     name = "draft"
     has_model = True
+    supports_stop_rule = True
 
     def __init__(self, model, max_len: int, min_confidence: float = 0.0, prefill_chunk: int = 512):
         self.model = model
@@ -138,6 +139,7 @@ class TreeDrafter(DraftModelDrafter):
     """Draft model proposing token trees (greedy decoding only: the sampling rule here is for chains)."""
 
     name = "tree"
+    supports_stop_rule = False  # trees are shaped by branch probability, not ended by the stop rule
 
     def __init__(self, model, max_len: int, branch_min_prob: float = 0.1):
         super().__init__(model, max_len)

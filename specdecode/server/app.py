@@ -137,7 +137,7 @@ def _playground_html() -> str:
 
 
 def create_app(engine, default_drafter: str, model_name: str, api_key: str | None = None, queue_size: int = 16,
-               *, default_max_tokens: int = 256, max_k: int = 8, warmup: bool = False) -> FastAPI:
+               *, default_max_tokens: int = 256, max_k: int | None = None, warmup: bool = False) -> FastAPI:
     """The ASGI app around one engine. `default_drafter` is used when a request names none."""
     if queue_size < 1:
         raise InputError(f"the queue size must be at least 1, got {queue_size}")

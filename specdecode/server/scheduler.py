@@ -140,7 +140,7 @@ class Step:
 
 class Scheduler:
     def __init__(self, engine, default_drafter: str, queue_size: int, metrics: ServerMetrics,
-                 default_max_tokens: int = 256, max_k: int = 8):
+                 default_max_tokens: int = 256, max_k: int | None = None):
         self.engine = engine
         self.default_drafter = default_drafter
         self.queue = FairQueue(queue_size)

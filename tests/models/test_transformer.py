@@ -22,6 +22,20 @@ def token_by_token(model, tokens, cache=None):
     return torch.cat([model(tokens[i : i + 1], cache) for i in range(len(tokens))]), cache
 
 
+@pytest.mark.parametrize("gemm", ["numpy", "torch"])
+def test_prefill_sized_float32_products_agree_whichever_gemm_runs_them(gemm, monkeypatch):
+    from specdecode import kernels
+
+    monkeypatch.setattr(kernels, "PREFILL_GEMM", gemm)
+    gen = torch.Generator().manual_seed(2)
+    weight, bias = torch.randn(70, 64, generator=gen), torch.randn(70, generator=gen)
+    x = torch.randn(2, 20, 64, generator=gen)  # 40 rows in a batch shape
+    with torch.inference_mode():
+        y = kernels.linear(x, weight, bias)
+    assert y.shape == (2, 20, 70) and y.dtype == torch.float32
+    torch.testing.assert_close(y, x @ weight.T + bias, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_block_forward_matches_token_by_token(name, matmul_path):
     model = make_tiny_model(seed=3, **CONFIGS[name])
@@ -64,9 +78,10 @@ def test_linear_kernel_is_row_count_invariant_bitwise():
     for out_features, in_features in [(130, 64), (49, 576)]:
         for dtype in (torch.float32, torch.bfloat16):
             weight = torch.randn(out_features, in_features, generator=gen).to(dtype)
-            x = torch.randn(9, in_features, generator=gen)
+            # 16 rows: the largest verify block (prompt lookup's K of 15) still goes through the kernel
+            x = torch.randn(kernels.SKINNY_MAX_ROWS, in_features, generator=gen)
             full = kernels.linear(x, weight)
-            rows = torch.cat([kernels.linear(x[i : i + 1], weight) for i in range(9)])
+            rows = torch.cat([kernels.linear(x[i : i + 1], weight) for i in range(len(x))])
             assert torch.equal(full, rows)
             torch.testing.assert_close(full, x @ weight.float().T, rtol=1e-4, atol=1e-4)
 
