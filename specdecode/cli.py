@@ -22,8 +22,9 @@ def _add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None
             help="draft model (name or path), 'lookup' for prompt lookup, or 'none' for plain decoding"
             f" (default: {registry.DEFAULT_DRAFT} for the default target, else none)",
         )
-        p.add_argument("--draft-dtype", default="bfloat16", choices=["float32", "bfloat16"],
-                       help="draft weights precision (does not change outputs: the target decides)")
+        p.add_argument("--draft-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
+                       help="draft weights precision (does not change outputs: the target decides); auto: int8"
+                            " through the CPU kernel, else bfloat16")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target weights precision")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--ctx", type=int, default=4096, help="context length to allocate (tokens)")
@@ -52,6 +53,16 @@ def _parse_k(value: str):
         raise SpecDecodeError(f"--k must be an integer or 'auto', got {value!r}") from None
 
 
+def _draft_dtype(requested: str, target) -> str:
+    """int8 halves what a bfloat16 draft streams per token, but only the CPU kernel reads it directly."""
+    if requested != "auto":
+        return requested
+    from . import kernels
+
+    on_cpu = getattr(target.model, "device", None) is not None and target.model.device.type == "cpu"
+    return "int8" if on_cpu and target.backend == "native" and kernels.load_kernel() is not None else "bfloat16"
+
+
 def build_engine(args, need_draft: bool = True):
     """Load target (and draft) as the flags say; returns (engine, drafter name)."""
     import torch
@@ -68,7 +79,15 @@ def build_engine(args, need_draft: bool = True):
     draft = None
     drafter = draft_spec
     if draft_spec not in ("none", "lookup"):
-        draft = load_model(draft_spec, device=args.device, dtype=args.draft_dtype, max_context=args.ctx)
+        from .errors import UnsupportedDtype
+
+        draft_dtype = _draft_dtype(args.draft_dtype, target)
+        try:
+            draft = load_model(draft_spec, device=args.device, dtype=draft_dtype, max_context=args.ctx)
+        except UnsupportedDtype:
+            if args.draft_dtype != "auto":
+                raise
+            draft = load_model(draft_spec, device=args.device, dtype="bfloat16", max_context=args.ctx)
         drafter = "draft"
     return Engine(target, draft, max_context=args.ctx), drafter
 

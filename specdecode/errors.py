@@ -9,5 +9,9 @@ class ModelError(SpecDecodeError):
     """A model cannot be found, fetched, verified or loaded."""
 
 
+class UnsupportedDtype(ModelError):
+    """The requested weight precision does not exist for this model's backend."""
+
+
 class InputError(SpecDecodeError):
     """A request is invalid: bad sampling values, prompt longer than the context, ..."""

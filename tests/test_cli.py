@@ -143,3 +143,14 @@ def test_mismatched_draft_model(tmp_path):
     result = run_cli("generate", "--model", SMOLLM2, "--draft", str(folder), "--draft-dtype", "float32",
                      "--max-new-tokens", "4", "Hi")
     assert_clean_error(result, "tokenizer")
+
+
+def test_auto_draft_precision_is_int8_through_the_cpu_kernel_else_bfloat16(smollm2, monkeypatch):
+    from specdecode import kernels
+    from specdecode.cli import _draft_dtype
+
+    assert _draft_dtype("float32", smollm2) == "float32"  # an explicit choice is kept
+    if kernels.load_kernel() is not None:
+        assert _draft_dtype("auto", smollm2) == "int8"
+    monkeypatch.setattr(kernels, "load_kernel", lambda: None)
+    assert _draft_dtype("auto", smollm2) == "bfloat16"

@@ -369,6 +369,15 @@ def test_real_smollm2_with_its_bfloat16_copy_as_draft(smollm2):
     check_real(engine, REAL_PROMPTS[0], "tree", 4, 16)
 
 
+def test_real_smollm2_with_its_int8_copy_as_draft(smollm2):
+    draft = load_model(SMOLLM2, device="cpu", dtype="int8", max_context=256)
+    engine = Engine(smollm2, draft, max_context=256, check_invariants=True)
+    for prompt in REAL_PROMPTS[:2]:
+        _, spec = check_real(engine, prompt, "draft", 4, 16)
+        assert spec.stats.drafted > 0 and spec.stats.alpha > 0.5
+    check_real(engine, REAL_PROMPTS[1], "draft", "auto", 16)
+
+
 @pytest.mark.slow
 def test_real_qwen_05b_float32_target_with_bfloat16_draft():
     target = load_model(QWEN_05B, device="cpu", dtype="float32", max_context=512)

@@ -85,8 +85,52 @@ def kernel_status() -> str:
     return f"torch ({_kernel_failed})" if _kernel_failed else "not loaded"
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, use_kernel: bool = True) -> torch.Tensor:
-    """y = x @ weight.T (+ bias); weight is [out, in] float32 or bfloat16, x is float32."""
+class Int8Weight:
+    """A weight matrix stored as int8 with one float32 scale per output row (symmetric, absmax / 127).
+
+    For the draft model only: a draft's precision never changes what the target outputs, only how often
+    it agrees, and int8 halves the bytes a bfloat16 draft streams per token.
+    """
+
+    dtype = torch.int8
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor):
+        self.data = data.contiguous()
+        self.scale = scale.to(torch.float32).contiguous()
+        self.shape = self.data.shape
+        self.device = self.data.device
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> "Int8Weight":
+        w = weight.detach().to(torch.float32)
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+        return cls(torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.data.to(torch.float32) * self.scale[:, None]).to(dtype)
+
+    def index_select(self, dim: int, index: torch.Tensor) -> "Int8Weight":
+        if dim != 0:
+            raise ValueError("Int8Weight selects whole rows only")
+        return Int8Weight(self.data.index_select(0, index), self.scale.index_select(0, index))
+
+    def contiguous(self) -> "Int8Weight":
+        return self
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() + 4 * self.scale.numel()
+
+
+def _kernel_rows(x: torch.Tensor, weight) -> torch.Tensor:
+    if isinstance(weight, Int8Weight):
+        return _kernel.skinny_linear_int8(x, weight.data, weight.scale)
+    return _kernel.skinny_linear(x, weight)
+
+
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, use_kernel: bool = True) -> torch.Tensor:
+    """y = x @ weight.T (+ bias); weight is [out, in] float32, bfloat16 or Int8Weight, x is float32."""
+    low_precision = weight.dtype in (torch.bfloat16, torch.int8)
     if (
         use_kernel
         and _kernel is not None
@@ -96,14 +140,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     ):
         rows = x.numel() // x.shape[-1]
         if rows <= SKINNY_MAX_ROWS:
-            y = _kernel.skinny_linear(x, weight)
+            y = _kernel_rows(x, weight)
             return y + bias if bias is not None else y
-        if weight.dtype == torch.bfloat16 and rows <= BF16_KERNEL_MAX_ROWS:
+        if low_precision and rows <= BF16_KERNEL_MAX_ROWS:
             flat = x.reshape(rows, x.shape[-1])
-            y = torch.cat([_kernel.skinny_linear(flat[i : i + SKINNY_MAX_ROWS], weight)
-                           for i in range(0, rows, SKINNY_MAX_ROWS)])
+            y = torch.cat([_kernel_rows(flat[i : i + SKINNY_MAX_ROWS], weight) for i in range(0, rows, SKINNY_MAX_ROWS)])
             y = y.reshape(*x.shape[:-1], weight.shape[0])
             return y + bias if bias is not None else y
+    if isinstance(weight, Int8Weight):
+        weight = weight.dequantize(x.dtype)
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
     if (

@@ -12,12 +12,15 @@ from pathlib import Path
 import torch
 
 from .. import kernels, registry
-from ..errors import ModelError
+from ..errors import ModelError, UnsupportedDtype
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
 from .transformer import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# int8 (per-row scales) is meant for draft models: loaded as float32, then quantized (see kernels.Int8Weight).
+QUANTIZED = {"int8"}
+LAYER_MATRICES = ("qkv", "out_proj", "gate_up", "down")
 
 
 @dataclass
@@ -103,8 +106,19 @@ def _load_converted(folder: Path, device, weight_dtype, max_positions) -> Transf
     return model
 
 
-def _finish_native(model: Transformer, weight_dtype: torch.dtype) -> Transformer:
-    if weight_dtype != torch.float32 and model.lm_head is None:
+def _quantize_int8(model: Transformer) -> None:
+    for layer in model.layers:
+        for name in LAYER_MATRICES:
+            weight = layer._parameters.pop(name)
+            setattr(layer, name, kernels.Int8Weight.quantize(weight))
+    head = model._parameters.pop("lm_head", None) if "lm_head" in model._parameters else None
+    model.lm_head = kernels.Int8Weight.quantize(head if head is not None else model.embed)
+
+
+def _finish_native(model: Transformer, weight_dtype: torch.dtype, quantize: str | None = None) -> Transformer:
+    if quantize == "int8":
+        _quantize_int8(model)
+    elif weight_dtype != torch.float32 and model.lm_head is None:
         # Embedding lookups stay float32; the output layer gets its own low-precision copy.
         model.lm_head = torch.nn.Parameter(model.embed.to(weight_dtype), requires_grad=False)
     if model.device.type == "cpu":
@@ -119,9 +133,10 @@ def load_model(
     max_context: int | None = 4096,
     backend: str = "auto",  # "auto" | "native" | "transformers"
 ) -> LoadedModel:
-    if dtype not in DTYPES:
-        raise ModelError(f"unknown dtype '{dtype}' (choose from {', '.join(DTYPES)})")
-    weight_dtype = DTYPES[dtype]
+    if dtype not in DTYPES and dtype not in QUANTIZED:
+        raise ModelError(f"unknown dtype '{dtype}' (choose from {', '.join([*DTYPES, *QUANTIZED])})")
+    quantize = dtype if dtype in QUANTIZED else None
+    weight_dtype = torch.float32 if quantize else DTYPES[dtype]
     device = torch.device(device) if device else default_device()
     started = time.perf_counter()
     path = registry.resolve(name_or_path)
@@ -133,7 +148,7 @@ def load_model(
         folder = convert_gguf(path)
         config = ModelConfig(**json.loads((folder / "config.json").read_text()))
         positions = min(max_context or config.context_length, config.context_length)
-        model = _finish_native(_load_converted(folder, device, weight_dtype, positions), weight_dtype)
+        model = _finish_native(_load_converted(folder, device, weight_dtype, positions), weight_dtype, quantize)
         tokenizer = Tokenizer.from_hf(_load_hf_tokenizer(folder / "tokenizer"))
         used_backend = "native"
     elif path.is_dir():
@@ -144,11 +159,13 @@ def load_model(
         if backend != "transformers" and is_native_arch(hf_config):
             config = config_from_hf(hf_config)
             positions = min(max_context or config.context_length, config.context_length)
-            model = _finish_native(load_hf_native(path, device, weight_dtype, positions), weight_dtype)
+            model = _finish_native(load_hf_native(path, device, weight_dtype, positions), weight_dtype, quantize)
             used_backend = "native"
         elif backend == "native":
             raise ModelError(f"unsupported architecture '{hf_config.get('model_type')}' for the native decoder")
         else:
+            if quantize:
+                raise UnsupportedDtype(f"dtype '{dtype}' needs the native decoder; '{hf_config.get('model_type')}' runs through transformers")
             model = _load_transformers(path, hf_config, device, weight_dtype, max_context)
             used_backend = "transformers"
     else:

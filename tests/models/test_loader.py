@@ -232,6 +232,24 @@ def test_smollm2_in_bfloat16_is_close_to_float32(smollm2):
     assert agree >= 0.7, agree
 
 
+def test_smollm2_in_int8_is_close_to_float32(smollm2):
+    from specdecode.kernels import Int8Weight
+
+    low = load_model(SMOLLM2, device="cpu", dtype="int8", max_context=64)
+    assert isinstance(low.model.layers[0].qkv, Int8Weight) and isinstance(low.model.lm_head, Int8Weight)
+    assert low.dtype == "int8" and low.model.embed.dtype == torch.float32  # lookups and the cache stay float32
+    tokens = torch.tensor(smollm2.tokenizer.encode("The quick brown fox jumps over the lazy"))
+    high_logits = smollm2.model(tokens, smollm2.model.new_cache(64))
+    low_logits = low.model(tokens, low.model.new_cache(64))
+    agree = (high_logits.argmax(-1) == low_logits.argmax(-1)).float().mean().item()
+    assert agree >= 0.7, agree
+
+
+def test_an_unknown_dtype_is_a_clear_error():
+    with pytest.raises(ModelError, match="unknown dtype 'int3'.*int8"):
+        load_model(SMOLLM2, device="cpu", dtype="int3")
+
+
 def test_a_gguf_path_and_its_registry_name_load_the_same_model(smollm2, tmp_path):
     by_path = load_model(str(smollm2_file()), device="cpu", max_context=64)
     assert by_path.name == smollm2_file().name and smollm2.name == SMOLLM2

@@ -22,6 +22,28 @@ def token_by_token(model, tokens, cache=None):
     return torch.cat([model(tokens[i : i + 1], cache) for i in range(len(tokens))]), cache
 
 
+def test_int8_weights_match_their_dequantized_matrix_and_are_row_count_invariant():
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    gen = torch.Generator().manual_seed(3)
+    dense = torch.randn(70, 64, generator=gen)
+    weight = kernels.Int8Weight.quantize(dense)
+    assert weight.data.dtype == torch.int8 and weight.scale.shape == (70,)
+    torch.testing.assert_close(weight.dequantize(), dense, rtol=0, atol=float(dense.abs().max()) / 127)
+    bias = torch.randn(70, generator=gen)
+    reference_weight = weight.dequantize()
+    for rows in (1, 5, 16, 17, 40, kernels.BF16_KERNEL_MAX_ROWS + 3):  # kernel, chunked kernel, dequantized GEMM
+        x = torch.randn(rows, 64, generator=gen)
+        y = kernels.linear(x, weight, bias)
+        torch.testing.assert_close(y, x @ reference_weight.T + bias, rtol=1e-4, atol=1e-4)
+        if rows <= kernels.SKINNY_MAX_ROWS:
+            assert torch.equal(y[-1:], kernels.linear(x[-1:], weight, bias))
+    subset = weight.index_select(0, torch.tensor([3, 0, 69]))
+    assert torch.equal(subset.data, weight.data[[3, 0, 69]]) and torch.equal(subset.scale, weight.scale[[3, 0, 69]])
+
+
 @pytest.mark.parametrize("gemm", ["numpy", "torch"])
 def test_prefill_sized_float32_products_agree_whichever_gemm_runs_them(gemm, monkeypatch):
     from specdecode import kernels
