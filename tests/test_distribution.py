@@ -222,6 +222,8 @@ E2E_CASES = {
     "mode-point-mass": ("mode", SamplingParams(temperature=1.0), 1200, 2),
     "draft-model-top-k-top-p": ("draft", SamplingParams(temperature=0.8, top_k=5, top_p=0.9), 1200, 2),
     "draft-model-adaptive-chain": ("draft", SamplingParams(temperature=1.0), 1200, "auto"),
+    # prompt lookup with K auto: the stop rule ends each copy by its match-length score (0..K tokens)
+    "lookup-adaptive": ("lookup", SamplingParams(temperature=1.0), 1500, "auto"),
 }
 
 
@@ -263,7 +265,7 @@ def test_engine_samples_follow_the_exact_target_distribution(pair, name):
     "name, broken, samples",
     [("draft-model", "accept_everything", 300), ("draft-model", "residual_is_p", 1000),
      ("mode-point-mass", "residual_is_p", 800), ("draft-model-top-k-top-p", "residual_is_p", 600),
-     ("draft-model-adaptive-chain", "residual_is_p", 1000)],
+     ("draft-model-adaptive-chain", "residual_is_p", 1000), ("lookup-adaptive", "accept_everything", 300)],
 )
 def test_engine_distribution_test_fails_on_a_broken_verifier(pair, name, broken, samples, monkeypatch):
     monkeypatch.setattr(engine_module, "verify_sampling", BROKEN[broken])
