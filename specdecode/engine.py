@@ -221,14 +221,8 @@ class Engine:
             calibration = self.calibrations.setdefault(drafter.name, ConfidenceCalibration())
             min_confidence = getattr(drafter, "min_confidence", 0.0)
             drafter.stop_rule = DraftStopRule(self.costs, drafter.name, calibration, min_confidence) if chain_rule else None
-        policy_k = fixed_k if drafter else 0
-        if chain_rule and not drafter.has_model:
-            # A model-free drafter's refusal costs nothing, so its stop rule alone decides, step by step, how much
-            # of a match to verify (nothing when no token pays); a measured-rate off switch would also silence the
-            # long, confident matches it exists for.
-            policy_k = max_k
-        policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", policy_k, max_k,
-                                   chain_stops_itself=chain_rule)
+        policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", fixed_k if drafter else 0, max_k,
+                                   chain_stops_itself=chain_rule, drafts_are_free=chain_rule and not drafter.has_model)
         if chain_rule and drafter.name in self.drafting_speedup:
             policy.prior_speedup = min(1.5, max(0.7, self.drafting_speedup[drafter.name]))
         self._prefill(prompt_ids)

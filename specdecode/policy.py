@@ -88,7 +88,7 @@ class DraftLengthPolicy:
 
     def __init__(self, costs: CostModel, drafter: str, fixed_k: int | None, max_k: int = 8, probe_every: int = 12,
                  chain_stops_itself: bool = False, rate_decay: float = 0.85, prior_speedup: float = 1.2,
-                 prior_steps: float = 3.0):
+                 prior_steps: float = 3.0, drafts_are_free: bool = False):
         self.costs = costs
         self.drafter = drafter
         self.fixed_k = fixed_k
@@ -98,6 +98,10 @@ class DraftLengthPolicy:
         self.rate_decay = rate_decay
         self.prior_speedup = prior_speedup
         self.prior_steps = prior_steps
+        # A model-free drafter's refusal costs nothing, so its stop rule alone decides, step by step, how much
+        # of a match to verify (nothing when no token pays); a measured-rate off switch would also silence the
+        # long, confident matches it exists for.
+        self.drafts_are_free = drafts_are_free
         self.acceptance = AcceptanceEstimate()
         self.plain_streak = 0
         self.plain_steps = 0
@@ -128,6 +132,8 @@ class DraftLengthPolicy:
         return self.draft_tokens / self.draft_seconds * plain
 
     def _best_k(self) -> int:
+        if self.chain_stops_itself and self.drafts_are_free:
+            return self.max_k
         if self.chain_stops_itself:
             plain = self.costs.target_cost(1)
             if plain is None:

@@ -21,7 +21,7 @@ def match_confidence(match_length: int) -> float:
 
 class PromptLookupDrafter(Drafter):
     name = "lookup"
-    supports_stop_rule = True
+    supports_stop_rule = True  # the engine sets stop_rule when K is adaptive
     default_max_k = 15  # a verify block of 16 still goes through the exact skinny kernel
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_candidates: int = 64, max_match: int = 32):
@@ -31,8 +31,6 @@ class PromptLookupDrafter(Drafter):
         self.min_ngram = min_ngram
         self.max_candidates = max_candidates  # most recent occurrences compared per step
         self.max_match = max_match
-        # Set by the engine when K is adaptive: ends the copy once another token no longer pays.
-        self.stop_rule = None
         self._indexed: list[int] = []
         # n -> n-gram -> end positions (index of its last token) in self._indexed, oldest first
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
