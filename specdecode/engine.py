@@ -53,7 +53,7 @@ class Engine:
         target: LoadedModel,
         draft: LoadedModel | None = None,
         max_context: int | None = None,
-        prefill_chunk: int = 512,
+        prefill_chunk: int = 1024,
         check_invariants: bool = False,
         draft_vocab: int | None = 32768,
     ):
@@ -70,6 +70,8 @@ class Engine:
         self.cache = target.model.new_cache(max_context)
         self.max_context = self.cache.max_len
         self.cached_ids: list[int] = []  # tokens whose keys/values the target cache holds
+        # Prompts up to this size go through the GEMMs in one block: a 708-token prompt took 15-17.5 s
+        # as one block against 17-19.5 s as 512 + 196 rows (the small remainder runs the BLAS below its best).
         self.prefill_chunk = prefill_chunk
         self.costs = CostModel()
         # Learned across generations, per drafter: how often the target accepts a draft token of a given

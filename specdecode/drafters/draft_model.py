@@ -22,7 +22,7 @@ class DraftModelDrafter(Drafter):
     has_model = True
     supports_stop_rule = True
 
-    def __init__(self, model, max_len: int, min_confidence: float = 0.0, prefill_chunk: int = 512):
+    def __init__(self, model, max_len: int, min_confidence: float = 0.0, prefill_chunk: int = 1024):
         self.model = model
         self.cache = model.new_cache(max_len)
         self.cached: list[int] = []  # the tokens whose keys/values the draft cache holds, in order
