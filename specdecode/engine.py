@@ -221,8 +221,7 @@ class Engine:
         chain_rule = drafter is not None and drafter.supports_stop_rule and fixed_k is None
         if drafter is not None and drafter.supports_stop_rule:
             calibration = self.calibrations.setdefault(drafter.name, ConfidenceCalibration())
-            min_confidence = getattr(drafter, "min_confidence", 0.0)
-            drafter.stop_rule = DraftStopRule(self.costs, drafter.name, calibration, min_confidence) if chain_rule else None
+            drafter.stop_rule = DraftStopRule(self.costs, drafter.name, calibration, drafter.min_confidence) if chain_rule else None
         policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", fixed_k if drafter else 0, max_k,
                                    chain_stops_itself=chain_rule, drafts_are_free=chain_rule and not drafter.has_model)
         if chain_rule and drafter.name in self.drafting_speedup:

@@ -50,6 +50,7 @@ def test_summary_speedup_and_acceptance_by_draft_length():
     assert summary["draft"]["decode_speedup"] == pytest.approx(2.0)  # 6 s of decoding against 3 s
     assert summary["draft"]["alpha"] == pytest.approx(13 / 20)
     assert summary["draft"]["identical"] == 1
+    assert summary["ar"]["prefill_ceiling"] == pytest.approx(10 / 4)  # free decoding still pays the 4 s prefill
     per_k = acceptance_by_k(rows)
     assert set(per_k) == {"draft"}  # plain decoding and K=0 steps draft nothing
     assert per_k["draft"][4] == {"steps": 4, "accepted": 12, "alpha": 0.75}
@@ -69,7 +70,7 @@ def test_bench_end_to_end_on_a_real_model(bench_dir, tmp_path, smollm2):
     assert set(results["by_category"]) == {"writing", "summarization"}
     assert {r["method"] for r in results["rows"]} == {"ar", "lookup"}
     report = (out / "report.md").read_text()
-    assert "## Per category" in report and "| lookup |" in report
+    assert "## Per category" in report and "| lookup |" in report and "| ceiling |" in report
     assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "plot skipped" not in result.stdout
 

@@ -123,6 +123,11 @@ def summarise(rows: list[Row]) -> dict:
             "tokens": sum(r.new_tokens for r in items),
             "seconds": sum(r.seconds for r in items),
         }
+    if base:
+        # Every method runs the same target prefill, so even a drafter that made decoding free could not beat
+        # this ratio: the ceiling a prefill-heavy category (long prompt, short answer) puts on any speedup.
+        prefill = sum(r.prefill_seconds for r in base)
+        out["ar"]["prefill_ceiling"] = sum(r.seconds for r in base) / prefill if prefill > 0 else None
     return out
 
 

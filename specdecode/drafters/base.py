@@ -33,6 +33,7 @@ class Drafter:
     supports_stop_rule = False  # whether it ends its own drafts through a DraftStopRule (adaptive K)
     default_max_k = 8  # the largest K an adaptive policy may pick when the caller sets none
     stop_rule = None
+    min_confidence = 0.0  # a confidence below which a chain ends (the draft model's knob; lookup keeps 0)
 
     def reset(self) -> None:
         """Forget everything about the previous generation."""

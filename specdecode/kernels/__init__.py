@@ -66,7 +66,7 @@ def load_kernel():
                 print("specdecode: compiling the CPU matmul kernel (first use only, ~1 min) ...", file=sys.stderr)
             _kernel = load(
                 name="specdecode_skinny_linear",
-                sources=[str(Path(__file__).with_name("skinny_linear.cpp"))],
+                sources=[str(Path(__file__).with_name(name)) for name in ("skinny_linear.cpp", "block_attention.cpp")],
                 extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir),
@@ -126,6 +126,21 @@ def _kernel_rows(x: torch.Tensor, weight) -> torch.Tensor:
     if isinstance(weight, Int8Weight):
         return _kernel.skinny_linear_int8(x, weight.data, weight.scale)
     return _kernel.skinny_linear(x, weight)
+
+
+def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor | None:
+    """Causal attention of a decode step or verify block ([T, H, D] queries at positions start..start+T-1)
+    over cache views [Hkv, >= start+T, D], through the CPU kernel: each row's result is independent of T.
+    None where the kernel does not apply (no kernel, not CPU float32, odd head size); the caller falls back.
+    """
+    if (
+        _kernel is None
+        or q.device.type != "cpu"
+        or not q.dtype == keys.dtype == values.dtype == torch.float32
+        or q.shape[-1] % 8
+    ):
+        return None
+    return _kernel.block_attention(q, keys, values, start)
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, use_kernel: bool = True) -> torch.Tensor:

@@ -3,15 +3,9 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
-static inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 s = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, s);
-  s = _mm_add_ss(s, sh);
-  return _mm_cvtss_f32(s);
-}
+#include "avx2_math.h"
+
+torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start);  // block_attention.cpp
 
 // Weight storage: float32, bfloat16, or int8 with one float32 scale per output row (applied to the sum).
 enum WType { F32 = 0, BF16 = 1, I8 = 2 };
@@ -109,4 +103,5 @@ torch::Tensor skinny_linear_int8_cpu(torch::Tensor x, torch::Tensor w, torch::Te
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("skinny_linear", &skinny_linear_cpu);
   m.def("skinny_linear_int8", &skinny_linear_int8_cpu);
+  m.def("block_attention", &block_attention_cpu);
 }

@@ -61,6 +61,19 @@ class DecoderLayer(nn.Module):
         v = v.view(seq, c.n_kv_heads, c.head_dim)
         cache.write(layer_index, start, k.transpose(0, 1), v.transpose(0, 1))
         keys, values = cache.view(layer_index, start + seq)
+        attn = kernels.block_attention(q, keys, values, start) if attn_mask is None and seq <= kernels.SKINNY_MAX_ROWS else None
+        if attn is None:
+            attn = self._sdpa(q, keys, values, start, attn_mask, row_wise)
+        attn = attn.reshape(seq, c.q_size)
+        x = x + kernels.linear(attn, self.out_proj)
+        h = rms_norm(x, self.mlp_norm, c.rms_norm_eps)
+        gate, up = kernels.linear(h, self.gate_up).chunk(2, dim=-1)
+        return x + kernels.linear(F.silu(gate) * up, self.down)
+
+    def _sdpa(self, q, keys, values, start: int, attn_mask, row_wise: bool) -> torch.Tensor:
+        """PyTorch's attention: prompt-sized blocks, masked (tree) blocks, and wherever the CPU kernel is missing."""
+        c = self.config
+        seq = q.shape[0]
         queries = q.transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
         gqa = c.n_heads != c.n_kv_heads
         if row_wise:
@@ -75,11 +88,7 @@ class DecoderLayer(nn.Module):
             attn = torch.cat(rows, dim=2)
         else:
             attn = F.scaled_dot_product_attention(queries, keys[None], values[None], attn_mask=attn_mask, enable_gqa=gqa)
-        attn = attn[0].transpose(0, 1).reshape(seq, c.q_size)  # [T, H*D]
-        x = x + kernels.linear(attn, self.out_proj)
-        h = rms_norm(x, self.mlp_norm, c.rms_norm_eps)
-        gate, up = kernels.linear(h, self.gate_up).chunk(2, dim=-1)
-        return x + kernels.linear(F.silu(gate) * up, self.down)
+        return attn[0].transpose(0, 1)  # [T, H, D]
 
 
 class Transformer(nn.Module):

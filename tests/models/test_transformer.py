@@ -332,3 +332,29 @@ def test_real_model_block_matches_token_by_token(smollm2):
     diff = (block - rows).abs().max().item()
     assert diff < 1e-3, f"max abs diff {diff}"
     assert torch.equal(block.argmax(-1), rows.argmax(-1))
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(12, 2, 128), (9, 3, 64), (4, 4, 72)])
+def test_block_attention_kernel_matches_pytorch_and_is_row_count_invariant(heads, kv_heads, head_dim):
+    """The attention kernel for decode steps and verify blocks: each row must equal PyTorch's attention
+    over the keys up to its position, and be the same bits whether it runs alone or inside a block."""
+    import torch.nn.functional as F
+
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    gen = torch.Generator().manual_seed(7)
+    for start, rows in ((0, 1), (37, 5), (600, 16)):
+        room = start + rows + 9  # stale entries past the block must be ignored
+        keys = torch.randn(kv_heads, room, head_dim, generator=gen)
+        values = torch.randn(kv_heads, room, head_dim, generator=gen)
+        q = torch.randn(rows, heads, head_dim, generator=gen) * 2
+        out = kernels.block_attention(q, keys, values, start)
+        assert out.shape == (rows, heads, head_dim)
+        for i in range(rows):
+            n = start + i + 1
+            ref = F.scaled_dot_product_attention(q[i : i + 1].transpose(0, 1)[None], keys[None, :, :n], values[None, :, :n],
+                                                 enable_gqa=heads != kv_heads)[0].transpose(0, 1)
+            torch.testing.assert_close(out[i : i + 1], ref, rtol=1e-5, atol=1e-5)
+            assert torch.equal(out[i : i + 1], kernels.block_attention(q[i : i + 1], keys, values, start + i))

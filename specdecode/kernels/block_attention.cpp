@@ -1,0 +1,124 @@
+// Causal attention for decode steps and verify blocks (1 to ~16 query rows against the KV cache).
+//
+// Row i of a block sits at position start+i and attends keys 0..start+i. Every row is computed on its
+// own, in one fixed order (dot products over the head dimension, softmax sums over the keys), so a row's
+// output is the same bits whether it runs alone (plain decoding) or inside a verify block; that is what
+// lets speculative decoding reproduce plain decoding exactly. PyTorch's fused attention rounds a batched
+// causal call differently from single-row calls, so the model used to make one call per row instead;
+// this kernel replaces those calls (28 layers x 16 rows = 448 calls for a 16-token block).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <vector>
+
+#include "avx2_math.h"
+
+namespace {
+
+// Scores of one query against keys [0, n): four keys at a time for instruction-level parallelism;
+// each dot product still runs over the head dimension in the same order.
+void scores(const float* q, const float* k, int64_t kstride, int64_t n, int64_t D, float scale, float* out) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const float* k0 = k + j * kstride;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+      __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + kstride + d), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * kstride + d), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * kstride + d), a3);
+    }
+    out[j] = hsum(a0) * scale;
+    out[j + 1] = hsum(a1) * scale;
+    out[j + 2] = hsum(a2) * scale;
+    out[j + 3] = hsum(a3) * scale;
+  }
+  for (; j < n; ++j) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + j * kstride + d), a);
+    out[j] = hsum(a) * scale;
+  }
+}
+
+// p[j] = exp(s[j] - max) in place over [0, n) (s padded with -inf up to a multiple of 8); returns sum p.
+float softmax_numerators(float* s, int64_t n) {
+  const int64_t padded = (n + 7) / 8 * 8;
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < padded; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
+  const __m256 mx = _mm256_set1_ps(hmax(m));
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t j = 0; j < padded; j += 8) {
+    __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), mx));  // -inf padding gives 0
+    _mm256_storeu_ps(s + j, p);
+    total = _mm256_add_ps(total, p);
+  }
+  return hsum(total);
+}
+
+// out[0, 8*C) = sum_j p[j] * v[j][0, 8*C) / total, one output chunk of the head dimension.
+template <int C>
+void weighted_values(const float* p, const float* v, int64_t vstride, int64_t n, float inv_total, float* out) {
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    __m256 pj = _mm256_set1_ps(p[j]);
+    const float* vj = v + j * vstride;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+  }
+  const __m256 inv = _mm256_set1_ps(inv_total);
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inv));
+}
+
+void values_out(const float* p, const float* v, int64_t vstride, int64_t n, int64_t D, float inv_total, float* out) {
+  int64_t d = 0;
+  for (; d + 64 <= D; d += 64) weighted_values<8>(p, v + d, vstride, n, inv_total, out + d);
+  switch ((D - d) / 8) {
+    case 7: weighted_values<7>(p, v + d, vstride, n, inv_total, out + d); break;
+    case 6: weighted_values<6>(p, v + d, vstride, n, inv_total, out + d); break;
+    case 5: weighted_values<5>(p, v + d, vstride, n, inv_total, out + d); break;
+    case 4: weighted_values<4>(p, v + d, vstride, n, inv_total, out + d); break;
+    case 3: weighted_values<3>(p, v + d, vstride, n, inv_total, out + d); break;
+    case 2: weighted_values<2>(p, v + d, vstride, n, inv_total, out + d); break;
+    case 1: weighted_values<1>(p, v + d, vstride, n, inv_total, out + d); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+// q: [T, H, D] float32; k, v: [Hkv, N, D] float32 views of the cache (N >= start + T, rows contiguous).
+torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "block_attention: float32 only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "block_attention: q [T,H,D], k/v [Hkv,N,D]");
+  auto qc = q.contiguous();
+  const int64_t T = qc.size(0), H = qc.size(1), D = qc.size(2), Hkv = k.size(0);
+  TORCH_CHECK(D % 8 == 0 && k.size(2) == D && v.size(2) == D, "block_attention: head size must match and be a multiple of 8");
+  TORCH_CHECK(H % Hkv == 0 && v.size(0) == Hkv, "block_attention: query heads must be a multiple of key/value heads");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "block_attention: cache rows must be contiguous");
+  TORCH_CHECK(start >= 0 && k.size(1) >= start + T && v.size(1) >= start + T, "block_attention: the cache lacks the block's keys");
+  auto out = torch::empty_like(qc);
+  const float* qp = qc.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t group = H / Hkv;
+  const float scale = 1.0f / std::sqrt((float)D);
+  // One work item per (row, query head): enough items for both cores even for a single row.
+  at::parallel_for(0, T * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t i = item / H, h = item % H, g = h / group;
+      const int64_t n = start + i + 1;
+      s.assign((n + 7) / 8 * 8, -INFINITY);
+      const float* kh = kp + g * k.stride(0);
+      const float* vh = vp + g * v.stride(0);
+      scores(qp + (i * H + h) * D, kh, k.stride(1), n, D, scale, s.data());
+      const float total = softmax_numerators(s.data(), n);
+      values_out(s.data(), vh, v.stride(1), n, D, 1.0f / total, op + (i * H + h) * D);
+    }
+  });
+  return out;
+}
