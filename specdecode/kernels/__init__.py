@@ -63,7 +63,7 @@ def load_kernel():
             build_dir = cache_dir() / "kernels"
             build_dir.mkdir(parents=True, exist_ok=True)
             if not list(build_dir.glob("specdecode_skinny_linear*.so")):
-                print("specdecode: compiling the CPU matmul kernel (first use only, ~1 min) ...", file=sys.stderr)
+                print("specdecode: compiling the CPU matmul and attention kernels (first use only, ~1 min) ...", file=sys.stderr)
             _kernel = load(
                 name="specdecode_skinny_linear",
                 sources=[str(Path(__file__).with_name(name)) for name in ("skinny_linear.cpp", "block_attention.cpp")],
