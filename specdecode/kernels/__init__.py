@@ -9,6 +9,7 @@ plain decoding pass bit for bit (no floating-point near-tie can split them).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import threading
@@ -64,10 +65,14 @@ def load_kernel():
             build_dir.mkdir(parents=True, exist_ok=True)
             if not list(build_dir.glob("specdecode_skinny_linear*.so")):
                 print("specdecode: compiling the CPU matmul and attention kernels (first use only, ~1 min) ...", file=sys.stderr)
+            here = Path(__file__).parent
+            # PyTorch rebuilds when the sources or flags change, not when a header does: the header's hash
+            # goes into the flags so an edit to it cannot leave a stale cached build.
+            header_hash = hashlib.sha256((here / "avx2_math.h").read_bytes()).hexdigest()[:16]
             _kernel = load(
                 name="specdecode_skinny_linear",
-                sources=[str(Path(__file__).with_name(name)) for name in ("skinny_linear.cpp", "block_attention.cpp")],
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                sources=[str(here / name) for name in ("skinny_linear.cpp", "block_attention.cpp")],
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", f"-DSPECDECODE_HEADER_HASH={header_hash}"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir),
                 verbose=False,
