@@ -8,7 +8,7 @@ def profile_report(engine, stats) -> str:
     total = stats.time_total or 1e-9
     phases = [("prefill", stats.time_prefill), ("draft", stats.time_draft),
               ("verify (target pass + accept/reject)", stats.time_verify), ("bookkeeping, detokenize, stop checks", stats.time_other)]
-    lines = ["profile:", f"  matmul backend: {kernels.kernel_status()}; target {engine.target.name} ({engine.target.dtype})"
+    lines = ["profile:", f"  matmul backend: {kernels.kernel_status()}; target {engine.target.name} ({engine.target.precision})"
              + (f", draft {engine.draft.name} ({engine.draft.dtype})" if engine.draft else "")]
     for name, seconds in phases:
         lines.append(f"  {name:40s} {seconds:8.3f}s  {100 * seconds / total:5.1f}%")

@@ -183,7 +183,7 @@ def run_bench_cli(args) -> int:
         "command": "specdecode " + " ".join(sys.argv[1:]),
         "suite": args.suite, "limit": args.limit, "categories": categories, "methods": methods, "k": k,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-        "target": engine.target.name, "target_dtype": engine.target.dtype,
+        "target": engine.target.name, "target_dtype": engine.target.precision,
         "draft": engine.draft.name if engine.draft else None, "draft_dtype": engine.draft.dtype if engine.draft else None,
         "wall_seconds": time.time() - started,
     }

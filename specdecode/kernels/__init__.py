@@ -39,7 +39,7 @@ def _cpu_has_avx2_fma() -> bool:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return " avx2" in flags and " fma" in flags
+    return " avx2" in flags and " fma" in flags and " f16c" in flags
 
 
 def load_kernel():
@@ -71,8 +71,8 @@ def load_kernel():
             header_hash = hashlib.sha256((here / "avx2_math.h").read_bytes()).hexdigest()[:16]
             _kernel = load(
                 name="specdecode_skinny_linear",
-                sources=[str(here / name) for name in ("skinny_linear.cpp", "block_attention.cpp")],
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", f"-DSPECDECODE_HEADER_HASH={header_hash}"],
+                sources=[str(here / name) for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp")],
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", f"-DSPECDECODE_HEADER_HASH={header_hash}"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir),
                 verbose=False,
@@ -127,6 +127,49 @@ class Int8Weight:
         return self.data.numel() + 4 * self.scale.numel()
 
 
+# ggml block types the gguf kernel reads (gguf.GGMLQuantizationType values): Q4_1, Q8_0, Q4_K, Q6_K.
+GGUF_KERNEL_TYPES = frozenset({3, 8, 12, 14})
+
+
+# Off: GGUFWeight products use their float32 copy (identical outputs; for timing the two paths in one process).
+READ_GGUF_BLOCKS = True
+
+
+def gguf_blocks_enabled(device) -> bool:
+    """Whether a float32 model loaded from GGUF on this device should keep its blocks for the gguf kernel.
+    SPECDECODE_DENSE_WEIGHTS=1 turns it off (same outputs, float32 weights streamed: for A/B timing)."""
+    return torch.device(device).type == "cpu" and load_kernel() is not None and not os.environ.get("SPECDECODE_DENSE_WEIGHTS")
+
+
+class GGUFWeight:
+    """A float32 weight that keeps the GGUF blocks it was dequantized from, one part per source tensor.
+
+    Decode steps and verify blocks (up to SKINNY_MAX_ROWS rows) read the blocks through gguf_linear.cpp,
+    which returns the float32 kernel's result bit for bit while streaming 0.56-0.82 bytes per weight
+    instead of 4; prompt-sized products keep the float32 copy for the BLAS GEMM. Outputs are therefore
+    those of the float32 model whichever path runs: this is a faster float32 target, not a 4-bit one.
+    """
+
+    dtype = torch.float32
+
+    def __init__(self, dense: torch.Tensor, parts: list[tuple[int, torch.Tensor]]):
+        self.dense = dense
+        self.types = [int(t) for t, _ in parts]
+        self.parts = [blocks.contiguous() for _, blocks in parts]
+        self.shape = dense.shape
+        self.device = dense.device
+
+    def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
+        return self.dense.index_select(dim, index)
+
+    def contiguous(self) -> "GGUFWeight":
+        return self
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() for p in self.parts)
+
+
 def _kernel_rows(x: torch.Tensor, weight) -> torch.Tensor:
     if isinstance(weight, Int8Weight):
         return _kernel.skinny_linear_int8(x, weight.data, weight.scale)
@@ -149,7 +192,13 @@ def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, use_kernel: bool = True) -> torch.Tensor:
-    """y = x @ weight.T (+ bias); weight is [out, in] float32, bfloat16 or Int8Weight, x is float32."""
+    """y = x @ weight.T (+ bias); weight is [out, in] float32, bfloat16, Int8Weight or GGUFWeight, x is float32."""
+    if isinstance(weight, GGUFWeight):
+        if use_kernel and READ_GGUF_BLOCKS and _kernel is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+            if x.numel() // x.shape[-1] <= SKINNY_MAX_ROWS:
+                y = _kernel.gguf_linear(x, weight.parts, weight.types)
+                return y + bias if bias is not None else y
+        weight = weight.dense
     low_precision = weight.dtype in (torch.bfloat16, torch.int8)
     if (
         use_kernel

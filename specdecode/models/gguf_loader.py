@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import kernels
 from ..errors import ModelError
 from .config import SUPPORTED_ARCHS, ModelConfig
 from .transformer import Transformer
@@ -59,10 +60,10 @@ def _unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
     return weight.reshape(n_heads, rows // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(weight.shape)
 
 
-def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions: int | None) -> Transformer:
+def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions: int | None, reader=None) -> Transformer:
     import gguf
 
-    reader = open_gguf(path)
+    reader = reader or open_gguf(path)
     config = read_config(reader)
     tensors = {t.name: t for t in reader.tensors}
 
@@ -106,3 +107,52 @@ def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions
         put(layer.gate_up, np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")]))
         put(layer.down, get(p + "ffn_down.weight"))
     return model
+
+
+def read_gguf_blocks(path: Path, config: ModelConfig, reader=None) -> dict[str, list[tuple[int, torch.Tensor]]]:
+    """The raw GGUF blocks behind each projection matrix, keyed by the model attribute they back
+    ("layers.3.qkv", "lm_head"), as (ggml type, [rows, bytes per row] uint8) per source tensor, in the
+    order the loader stacks them. Matrices with any block type the gguf kernel cannot read are left out.
+    """
+    reader = reader or open_gguf(path)
+    tensors = {t.name: t for t in reader.tensors}
+
+    def blocks(name: str, heads: int | None = None) -> tuple[int, torch.Tensor] | None:
+        t = tensors.get(name)
+        if t is None or int(t.tensor_type) not in kernels.GGUF_KERNEL_TYPES:
+            return None
+        data = np.asarray(t.data)
+        if heads is not None and config.arch == "llama":
+            data = _unpermute_rope_rows(data, heads)
+        return int(t.tensor_type), torch.from_numpy(np.array(data, dtype=np.uint8, copy=True))
+
+    wanted = {}
+    for i in range(config.n_layers):
+        p = f"blk.{i}."
+        wanted[f"layers.{i}.qkv"] = [
+            blocks(p + "attn_q.weight", config.n_heads), blocks(p + "attn_k.weight", config.n_kv_heads), blocks(p + "attn_v.weight")
+        ]
+        wanted[f"layers.{i}.out_proj"] = [blocks(p + "attn_output.weight")]
+        wanted[f"layers.{i}.gate_up"] = [blocks(p + "ffn_gate.weight"), blocks(p + "ffn_up.weight")]
+        wanted[f"layers.{i}.down"] = [blocks(p + "ffn_down.weight")]
+    # A tied head reads the embedding's blocks.
+    wanted["lm_head"] = [blocks("token_embd.weight" if config.tie_embeddings else "output.weight")]
+    return {key: parts for key, parts in wanted.items() if all(part is not None for part in parts)}
+
+
+def attach_gguf_blocks(model: Transformer, blocks: dict[str, list[tuple[int, torch.Tensor]]]) -> int:
+    """Turn each float32 matrix that has blocks into a kernels.GGUFWeight (float32 copy kept for prompt
+    GEMMs). Returns how many matrices got their blocks."""
+    attached = 0
+    for key, parts in blocks.items():
+        owner_path, _, attr = key.rpartition(".")
+        owner = model.get_submodule(owner_path) if owner_path else model
+        dense = model.output_weight() if key == "lm_head" else getattr(owner, attr)
+        if not isinstance(dense, torch.Tensor) or dense.dtype != torch.float32 or dense.device.type != "cpu":
+            continue
+        if sum(p.shape[0] for _, p in parts) != dense.shape[0]:
+            raise ModelError(f"GGUF blocks for '{key}' do not match the loaded weight; delete the converted folder to rebuild")
+        owner._parameters.pop(attr, None)
+        setattr(owner, attr, kernels.GGUFWeight(dense.data, parts))
+        attached += 1
+    return attached

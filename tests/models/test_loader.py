@@ -34,7 +34,8 @@ def llama_cpp_permute(weights: np.ndarray, n_heads: int) -> np.ndarray:
     return weights.reshape(n_heads, 2, weights.shape[0] // n_heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
-def write_gguf(path, model: Transformer, arch_name=None, skip=()):
+def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None):
+    """quant: a gguf.GGMLQuantizationType for every matrix (norms and biases stay float32)."""
     import gguf
 
     c = model.config
@@ -50,8 +51,13 @@ def write_gguf(path, model: Transformer, arch_name=None, skip=()):
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
 
     def add(name, tensor):
-        if name not in skip:
-            writer.add_tensor(name, np.ascontiguousarray(tensor.detach().float().numpy()))
+        if name in skip:
+            return
+        array = np.ascontiguousarray(tensor.detach().float().numpy())
+        if quant is not None and array.ndim == 2:
+            writer.add_tensor(name, gguf.quants.quantize(array, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(name, array)
 
     def qk(tensor, heads):
         array = tensor.detach().float().numpy()
@@ -104,6 +110,46 @@ def test_gguf_round_trip_restores_the_native_layout(tmp_path, config):
         assert torch.equal(a, b), name
     tokens = torch.tensor([1, 50, 7, 200, 3])
     assert torch.equal(source(tokens, source.new_cache()), loaded(tokens, loaded.new_cache()))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [dict(arch="llama"), dict(arch="llama", tie_embeddings=True, n_kv_heads=4), dict(arch="qwen2"),
+     dict(arch="qwen2", tie_embeddings=True)],
+    ids=["llama", "llama-tied-mha", "qwen2", "qwen2-tied"],
+)
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_1"])
+def test_gguf_blocks_reproduce_the_float32_model_bit_for_bit(tmp_path, config, quant, monkeypatch):
+    """A quantized GGUF: the model reading its blocks (llama Q/K rows permuted like the float32 rows,
+    tied heads reading the embedding's blocks) gives exactly the logits of its dequantized float32 weights."""
+    import gguf
+
+    from specdecode import kernels
+    from specdecode.models.gguf_loader import attach_gguf_blocks, read_gguf_blocks
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    source = make_tiny_model(seed=62, intermediate_size=160, **config)
+    path = write_gguf(tmp_path / "tiny-q.gguf", source, quant=getattr(gguf.GGMLQuantizationType, quant))
+    model = load_gguf_model(path, "cpu", torch.float32, None)
+    blocks = read_gguf_blocks(path, model.config)
+    assert attach_gguf_blocks(model, blocks) == 4 * model.config.n_layers + 1
+    assert isinstance(model.layers[1].qkv, kernels.GGUFWeight) and isinstance(model.output_weight(), kernels.GGUFWeight)
+    tokens = torch.randint(0, model.config.vocab_size, (40,), generator=torch.Generator().manual_seed(5))
+
+    def run(read_blocks):
+        monkeypatch.setattr(kernels, "READ_GGUF_BLOCKS", read_blocks)
+        cache = model.new_cache()
+        outputs = [model(tokens[:20], cache)]  # prompt-sized: the float32 copy either way
+        for start, size in ((20, 1), (21, 5), (26, 1), (27, 13)):
+            outputs.append(model(tokens[start : start + size], cache))
+        return outputs
+
+    for with_blocks, float32_only in zip(run(True), run(False)):
+        assert torch.equal(with_blocks, float32_only)
+    # the float32 copy is the file's dequantized blocks: within one quantization step of the source weights
+    step = float(source.layers[0].down.abs().max()) / (15 if quant == "Q4_1" else 127)
+    torch.testing.assert_close(model.layers[0].down.dense, source.layers[0].down, rtol=0, atol=step)
 
 
 def test_gguf_of_an_unsupported_architecture(tmp_path):
@@ -256,3 +302,27 @@ def test_a_gguf_path_and_its_registry_name_load_the_same_model(smollm2, tmp_path
     tokens = torch.tensor([1, 2, 3, 4])
     assert torch.equal(by_path.model(tokens, by_path.model.new_cache(8)), smollm2.model(tokens, smollm2.model.new_cache(8)))
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_the_real_tiny_model_decodes_from_its_gguf_blocks_with_float32_outputs(smollm2, monkeypatch):
+    """smollm2 (Q4_1 layers, a tied Q8_0 head, llama Q/K rows) reads its blocks for decode steps and
+    verify blocks, and every logit equals the float32 weights' own."""
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    model = smollm2.model
+    assert all(isinstance(layer.qkv, kernels.GGUFWeight) and isinstance(layer.down, kernels.GGUFWeight) for layer in model.layers)
+    assert isinstance(model.output_weight(), kernels.GGUFWeight) and model.output_weight().types == [8]
+    tokens = torch.tensor(smollm2.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n" * 3))
+
+    def run(read_blocks):
+        monkeypatch.setattr(kernels, "READ_GGUF_BLOCKS", read_blocks)
+        cache = model.new_cache(256)
+        outputs = [model(tokens[:30], cache, logits="last")]
+        for start, size in ((30, 1), (31, 16), (47, 4)):
+            outputs.append(model(tokens[start : start + size], cache))
+        return outputs
+
+    for with_blocks, float32_only in zip(run(True), run(False)):
+        assert torch.equal(with_blocks, float32_only)

@@ -1,4 +1,5 @@
 """Native decoder on tiny random-weight models: block vs token-by-token, rollback, masks, positions."""
+import numpy as np
 import pytest
 import torch
 
@@ -42,6 +43,50 @@ def test_int8_weights_match_their_dequantized_matrix_and_are_row_count_invariant
             assert torch.equal(y[-1:], kernels.linear(x[-1:], weight, bias))
     subset = weight.index_select(0, torch.tensor([3, 0, 69]))
     assert torch.equal(subset.data, weight.data[[3, 0, 69]]) and torch.equal(subset.scale, weight.scale[[3, 0, 69]])
+
+
+def random_gguf_blocks(qtype, rows: int, cols: int, seed: int) -> np.ndarray:
+    """[rows, bytes] of random blocks of a ggml type, with every float16 scale finite and moderate."""
+    import gguf
+
+    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // block_weights, block_bytes), dtype=np.uint8)
+    scale_offsets = {"Q6_K": [208], "Q4_K": [0, 2], "Q4_1": [0, 2], "Q8_0": [0]}[qtype.name]
+    for offset in scale_offsets:
+        scales = rng.uniform(1e-3, 2e-2, size=len(blocks)).astype(np.float16)
+        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtypes", [("Q4_K",), ("Q6_K",), ("Q4_1",), ("Q8_0",), ("Q4_K", "Q4_K", "Q6_K")])
+def test_gguf_kernel_equals_the_float32_kernel_on_the_dequantized_blocks(qtypes):
+    """The kernel reading GGUF blocks returns, bit for bit, the float32 kernel's product with the
+    gguf package's dequantized weights, at every block size a decode step or verify pass uses."""
+    import gguf
+
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    cols = 512
+    parts, dense = [], []
+    for i, name in enumerate(qtypes):
+        qtype = gguf.GGMLQuantizationType[name]
+        blocks = random_gguf_blocks(qtype, 7 + 3 * i, cols, seed=i)  # row counts that leave tile remainders
+        parts.append((int(qtype), torch.from_numpy(blocks)))
+        dense.append(torch.from_numpy(gguf.quants.dequantize(blocks, qtype).astype(np.float32)))
+    dense = torch.cat(dense)
+    weight = kernels.GGUFWeight(dense, parts)
+    bias = torch.randn(dense.shape[0], generator=torch.Generator().manual_seed(4))
+    gen = torch.Generator().manual_seed(9)
+    for rows in (1, 2, 3, 4, 5, 9, 16, 17):
+        x = torch.randn(rows, cols, generator=gen)
+        y = kernels.linear(x, weight, bias)
+        torch.testing.assert_close(y, x @ dense.T + bias, rtol=1e-4, atol=1e-4)
+        assert torch.equal(y, kernels.linear(x, dense, bias))  # the float32 path, kernel or GEMM
+        if rows <= kernels.SKINNY_MAX_ROWS:
+            assert torch.equal(y[-1:], kernels.linear(x[-1:], weight, bias))
 
 
 @pytest.mark.parametrize("gemm", ["numpy", "torch"])
