@@ -42,13 +42,15 @@ class DecoderLayer(nn.Module):
         self.config = c
         self.attn_norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
         self.mlp_norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
-        self.qkv = nn.Parameter(torch.zeros(c.q_size + 2 * c.kv_size, c.hidden_size, dtype=weight_dtype), requires_grad=False)
+        # Matrices start uninitialised: every loader overwrites them, and zero-filling the target's ~6 GB
+        # only to free it took ~5 s of each load.
+        self.qkv = nn.Parameter(torch.empty(c.q_size + 2 * c.kv_size, c.hidden_size, dtype=weight_dtype), requires_grad=False)
         self.qkv_bias = (
             nn.Parameter(torch.zeros(c.q_size + 2 * c.kv_size), requires_grad=False) if c.qkv_bias else None
         )
-        self.out_proj = nn.Parameter(torch.zeros(c.hidden_size, c.q_size, dtype=weight_dtype), requires_grad=False)
-        self.gate_up = nn.Parameter(torch.zeros(2 * c.intermediate_size, c.hidden_size, dtype=weight_dtype), requires_grad=False)
-        self.down = nn.Parameter(torch.zeros(c.hidden_size, c.intermediate_size, dtype=weight_dtype), requires_grad=False)
+        self.out_proj = nn.Parameter(torch.empty(c.hidden_size, c.q_size, dtype=weight_dtype), requires_grad=False)
+        self.gate_up = nn.Parameter(torch.empty(2 * c.intermediate_size, c.hidden_size, dtype=weight_dtype), requires_grad=False)
+        self.down = nn.Parameter(torch.empty(c.hidden_size, c.intermediate_size, dtype=weight_dtype), requires_grad=False)
 
     def forward(self, x, layer_index: int, cache: KVCache, start: int, cos, sin, attn_mask, row_wise: bool = False):
         c = self.config
@@ -97,11 +99,11 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig, weight_dtype: torch.dtype = torch.float32, max_positions: int | None = None):
         super().__init__()
         self.config = config
-        self.embed = nn.Parameter(torch.zeros(config.vocab_size, config.hidden_size), requires_grad=False)
+        self.embed = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size), requires_grad=False)
         self.layers = nn.ModuleList(DecoderLayer(config, weight_dtype) for _ in range(config.n_layers))
         self.final_norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
         self.lm_head = None if config.tie_embeddings else nn.Parameter(
-            torch.zeros(config.vocab_size, config.hidden_size, dtype=weight_dtype), requires_grad=False
+            torch.empty(config.vocab_size, config.hidden_size, dtype=weight_dtype), requires_grad=False
         )
         self.max_positions = max_positions or config.context_length
         self._rope_cos = self._rope_sin = None
