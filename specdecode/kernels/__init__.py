@@ -71,7 +71,7 @@ def load_kernel():
             header_hash = hashlib.sha256((here / "avx2_math.h").read_bytes()).hexdigest()[:16]
             _kernel = load(
                 name="specdecode_skinny_linear",
-                sources=[str(here / name) for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp")],
+                sources=[str(here / name) for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "int8_dot.cpp")],
                 extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", f"-DSPECDECODE_HEADER_HASH={header_hash}"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir),
@@ -88,6 +88,11 @@ def kernel_status() -> str:
     if _kernel is not None:
         return "skinny-avx2"
     return f"torch ({_kernel_failed})" if _kernel_failed else "not loaded"
+
+
+# Int8Weight products (draft models only) quantize their activations to int8 too, one scale per 32 values,
+# and run on integer multiply-adds (int8_dot.cpp); off, the kernel rebuilds float32 weights instead.
+INT8_ACTIVATIONS = os.environ.get("SPECDECODE_DRAFT_INT8_ACTIVATIONS", "1") != "0"
 
 
 class Int8Weight:
@@ -172,6 +177,8 @@ class GGUFWeight:
 
 def _kernel_rows(x: torch.Tensor, weight) -> torch.Tensor:
     if isinstance(weight, Int8Weight):
+        if INT8_ACTIVATIONS and weight.shape[1] % 32 == 0:
+            return _kernel.int8_dot_linear(x, weight.data, weight.scale)
         return _kernel.skinny_linear_int8(x, weight.data, weight.scale)
     return _kernel.skinny_linear(x, weight)
 

@@ -6,6 +6,7 @@
 #include "avx2_math.h"
 
 torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start);  // block_attention.cpp
+torch::Tensor int8_dot_linear_cpu(torch::Tensor x, torch::Tensor w, torch::Tensor scale);  // int8_dot.cpp
 torch::Tensor gguf_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types);  // gguf_linear.cpp
 
 // Weight storage: float32, bfloat16, or int8 with one float32 scale per output row (applied to the sum).
@@ -106,4 +107,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("skinny_linear_int8", &skinny_linear_int8_cpu);
   m.def("block_attention", &block_attention_cpu);
   m.def("gguf_linear", &gguf_linear_cpu);
+  m.def("int8_dot_linear", &int8_dot_linear_cpu);
 }

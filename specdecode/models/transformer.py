@@ -52,7 +52,7 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(2 * c.intermediate_size, c.hidden_size, dtype=weight_dtype), requires_grad=False)
         self.down = nn.Parameter(torch.empty(c.hidden_size, c.intermediate_size, dtype=weight_dtype), requires_grad=False)
 
-    def forward(self, x, layer_index: int, cache: KVCache, start: int, cos, sin, attn_mask, row_wise: bool = False):
+    def forward(self, x, layer_index: int, cache: KVCache, start: int, cos, sin, attn_mask, exact_rows: bool = False):
         c = self.config
         seq = x.shape[0]
         h = rms_norm(x, self.attn_norm, c.rms_norm_eps)
@@ -63,9 +63,9 @@ class DecoderLayer(nn.Module):
         v = v.view(seq, c.n_kv_heads, c.head_dim)
         cache.write(layer_index, start, k.transpose(0, 1), v.transpose(0, 1))
         keys, values = cache.view(layer_index, start + seq)
-        attn = kernels.block_attention(q, keys, values, start) if attn_mask is None and seq <= kernels.SKINNY_MAX_ROWS else None
+        attn = kernels.block_attention(q, keys, values, start) if exact_rows else None
         if attn is None:
-            attn = self._sdpa(q, keys, values, start, attn_mask, row_wise)
+            attn = self._sdpa(q, keys, values, start, attn_mask, exact_rows)
         attn = attn.reshape(seq, c.q_size)
         x = x + kernels.linear(attn, self.out_proj)
         h = rms_norm(x, self.mlp_norm, c.rms_norm_eps)
@@ -152,14 +152,15 @@ class Transformer(nn.Module):
             raise ValueError(f"block of {seq} tokens does not fit: cache holds {start} of {cache.max_len}")
         if positions is None:
             positions = torch.arange(start, start + seq, device=self.device)
-        # Small causal blocks (verification) attend row by row; prompt-sized blocks use one masked call.
-        row_wise = attn_mask is None and 1 < seq <= kernels.SKINNY_MAX_ROWS
-        if attn_mask is None and seq > 1 and not row_wise:
+        # Decode steps and causal verify blocks compute every row exactly as it would be alone (attention
+        # kernel, or PyTorch's row by row); prompt-sized and tree blocks use one masked call.
+        exact_rows = attn_mask is None and seq <= kernels.SKINNY_MAX_ROWS
+        if attn_mask is None and not exact_rows:
             attn_mask = causal_mask(start, seq, self.device)
         cos, sin = self._rope(positions)
         x = self.embed[tokens]
         for index, layer in enumerate(self.layers):
-            x = layer(x, index, cache, start, cos, sin, attn_mask, row_wise)
+            x = layer(x, index, cache, start, cos, sin, attn_mask, exact_rows)
         cache.length = start + seq
         if logits == "none":
             return None
