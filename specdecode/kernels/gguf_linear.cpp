@@ -19,11 +19,9 @@ enum GType { Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 
 inline float half_to_float(const uint8_t* p) { return _cvtsh_ss(*(const uint16_t*)p); }
 
-inline __m256 u8x8(const uint8_t* p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p))); }
-
-// Each block type: QK weights in BYTES bytes. load() reads a block's scales; w(g) then rebuilds its
-// weights 8g..8g+7 as float32, exactly as the gguf package computes them. g is a compile-time constant
-// in every caller (fully unrolled loops), so the byte offsets and shifts below fold away.
+// Each block type: QK weights in BYTES bytes. load() reads a block's scales; quarter(j) then rebuilds its
+// weights 32j..32j+31 as four vectors of 8 float32 values, exactly as the gguf package computes them.
+// j is a compile-time constant in every caller (fully unrolled loops), so offsets and shifts fold away.
 struct BlockQ8_0 {
   static constexpr int QK = 32, BYTES = 34;
   const uint8_t* q;
