@@ -127,10 +127,6 @@ class Int8Weight:
     def contiguous(self) -> "Int8Weight":
         return self
 
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel() + 4 * self.scale.numel()
-
 
 # ggml block types the gguf kernel reads (gguf.GGMLQuantizationType values): Q4_1, Q8_0, Q4_K, Q6_K.
 GGUF_KERNEL_TYPES = frozenset({3, 8, 12, 14})
@@ -170,12 +166,13 @@ class GGUFWeight:
     def contiguous(self) -> "GGUFWeight":
         return self
 
-    @property
-    def nbytes(self) -> int:
-        return sum(p.numel() for p in self.parts)
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.dense.to(dtype)
 
 
 def _kernel_rows(x: torch.Tensor, weight) -> torch.Tensor:
+    if isinstance(weight, GGUFWeight):
+        return _kernel.gguf_linear(x, weight.parts, weight.types)
     if isinstance(weight, Int8Weight):
         if INT8_ACTIVATIONS and weight.shape[1] % 32 == 0:
             return _kernel.int8_dot_linear(x, weight.data, weight.scale)
@@ -200,11 +197,7 @@ def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, use_kernel: bool = True) -> torch.Tensor:
     """y = x @ weight.T (+ bias); weight is [out, in] float32, bfloat16, Int8Weight or GGUFWeight, x is float32."""
-    if isinstance(weight, GGUFWeight):
-        if use_kernel and READ_GGUF_BLOCKS and _kernel is not None and x.device.type == "cpu" and x.dtype == torch.float32:
-            if x.numel() // x.shape[-1] <= SKINNY_MAX_ROWS:
-                y = _kernel.gguf_linear(x, weight.parts, weight.types)
-                return y + bias if bias is not None else y
+    if isinstance(weight, GGUFWeight) and not READ_GGUF_BLOCKS:
         weight = weight.dense
     low_precision = weight.dtype in (torch.bfloat16, torch.int8)
     if (
@@ -223,7 +216,7 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, use_kernel
             y = torch.cat([_kernel_rows(flat[i : i + SKINNY_MAX_ROWS], weight) for i in range(0, rows, SKINNY_MAX_ROWS)])
             y = y.reshape(*x.shape[:-1], weight.shape[0])
             return y + bias if bias is not None else y
-    if isinstance(weight, Int8Weight):
+    if isinstance(weight, (Int8Weight, GGUFWeight)):
         weight = weight.dequantize(x.dtype)
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)

@@ -80,9 +80,15 @@ torch::Tensor int8_dot_linear_cpu(torch::Tensor x, torch::Tensor w, torch::Tenso
   auto xc = x.contiguous();
   const int64_t in = xc.size(-1), M = xc.numel() / in, O = w.size(0);
   TORCH_CHECK(in == w.size(1) && in % QB == 0, "int8_dot_linear: inner size must match and be a multiple of 32");
-  std::vector<int8_t> xq(M * in);
-  std::vector<float> sx(M * (in / QB));
+  // Reused per calling thread: no allocation per draft step.
+  static thread_local std::vector<int8_t> xq;
+  static thread_local std::vector<float> sx;
+  xq.resize(M * in);
+  sx.resize(M * (in / QB));
   quantize_rows(xc.data_ptr<float>(), M, in, xq.data(), sx.data());
+  // Pointers, not the thread_local names: inside the parallel region those would name each worker's own.
+  const int8_t* xqp = xq.data();
+  const float* sxp = sx.data();
   auto out_sizes = xc.sizes().vec();
   out_sizes.back() = O;
   auto y = torch::empty(out_sizes, xc.options());
@@ -94,8 +100,8 @@ torch::Tensor int8_dot_linear_cpu(torch::Tensor x, torch::Tensor w, torch::Tenso
   at::parallel_for(0, tiles, 16, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       int64_t o = t * R;
-      if (o + R <= O) rows<R>(xq.data(), sx.data(), M, in, wp + o * in, sp + o, yp + o, O);
-      else for (; o < O; ++o) rows<1>(xq.data(), sx.data(), M, in, wp + o * in, sp + o, yp + o, O);
+      if (o + R <= O) rows<R>(xqp, sxp, M, in, wp + o * in, sp + o, yp + o, O);
+      else for (; o < O; ++o) rows<1>(xqp, sxp, M, in, wp + o * in, sp + o, yp + o, O);
     }
   });
   return y;
