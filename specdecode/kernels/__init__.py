@@ -24,10 +24,15 @@ _kernel = None
 _kernel_failed: str | None = None
 # Above this many rows (prompt prefill) the BLAS GEMM wins; decoding and verify blocks stay below it.
 SKINNY_MAX_ROWS = 16
-# bfloat16 weights would first be converted to float32 for the GEMM (~0.8 s per pass over the 0.5B draft
-# on 2 cores), so up to this many rows they go through the kernel in SKINNY_MAX_ROWS blocks instead
-# (measured on the draft: 40 rows 0.56 s instead of 1.26 s, 128 rows 1.9 s instead of 2.2 s).
-BF16_KERNEL_MAX_ROWS = 256
+# Prompt-sized products up to these row counts also run through the kernel, in SKINNY_MAX_ROWS chunks,
+# because the GEMM loses below them on this class of CPU. bfloat16/int8 weights would first be converted
+# to float32 for the GEMM (~0.8 s per pass over the 0.5B draft): 40 rows took 0.56 s instead of 1.26 s.
+# Float32 and GGUF-block weights: for a few dozen rows the GEMM still streams (and packs) 4 bytes per
+# weight. Whole prefill of the 1.5B target, GGUF blocks, chunks against GEMM: 24 tokens 1.03 s against
+# 2.59 s, 48 1.74 against 3.75, 96 3.44 against 4.00, 160 5.69 against 5.52, 256 9.75 against 7.88;
+# float32 weights: 24 1.26 against 2.76, 96 3.89 against 4.23, 160 6.51 against 4.97.
+LOW_PRECISION_CHUNKED_MAX_ROWS = 256
+FLOAT32_CHUNKED_MAX_ROWS = 128
 # Prefill-sized float32 products go through numpy's BLAS (OpenBLAS): on this 2-core AMD EPYC it reached
 # 128-136 GFLOP/s for 256-709 rows against a 1536x8960 weight where torch's MKL GEMM reached 81-97.
 # Plain and speculative decoding share the prefill, so this changes no comparison between them.
@@ -211,7 +216,7 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, use_kernel
         if rows <= SKINNY_MAX_ROWS:
             y = _kernel_rows(x, weight)
             return y + bias if bias is not None else y
-        if low_precision and rows <= BF16_KERNEL_MAX_ROWS:
+        if rows <= (LOW_PRECISION_CHUNKED_MAX_ROWS if low_precision else FLOAT32_CHUNKED_MAX_ROWS):
             flat = x.reshape(rows, x.shape[-1])
             y = torch.cat([_kernel_rows(flat[i : i + SKINNY_MAX_ROWS], weight) for i in range(0, rows, SKINNY_MAX_ROWS)])
             y = y.reshape(*x.shape[:-1], weight.shape[0])

@@ -37,11 +37,11 @@ def test_int8_weights_match_their_dequantized_matrix_and_are_row_count_invariant
     torch.testing.assert_close(weight.dequantize(), dense, rtol=0, atol=float(dense.abs().max()) / 127)
     bias = torch.randn(70, generator=gen)
     reference_weight = weight.dequantize()
-    for rows in (1, 2, 3, 5, 16, 17, 40, kernels.BF16_KERNEL_MAX_ROWS + 3):  # kernel, chunked kernel, dequantized GEMM
+    for rows in (1, 2, 3, 5, 16, 17, 40, kernels.LOW_PRECISION_CHUNKED_MAX_ROWS + 3):  # kernel, chunked kernel, dequantized GEMM
         x = torch.randn(rows, 64, generator=gen)
         y = kernels.linear(x, weight, bias)
         error = (y - (x @ reference_weight.T + bias)).abs().max()
-        if int8_activations and rows <= kernels.BF16_KERNEL_MAX_ROWS:
+        if int8_activations and rows <= kernels.LOW_PRECISION_CHUNKED_MAX_ROWS:
             # each activation moves by at most half its block's step (block absmax / 127)
             bound = float((reference_weight.abs().sum(1) * x.abs().max()).max()) / 254
             assert 0 < error <= bound
@@ -88,12 +88,13 @@ def test_gguf_kernel_equals_the_float32_kernel_on_the_dequantized_blocks(qtypes)
     weight = kernels.GGUFWeight(dense, parts)
     bias = torch.randn(dense.shape[0], generator=torch.Generator().manual_seed(4))
     gen = torch.Generator().manual_seed(9)
-    for rows in (1, 2, 3, 4, 5, 9, 16, 17):
+    # decode steps and verify blocks, prompt chunks (with a short tail) and the GEMM beyond them
+    for rows in (1, 2, 3, 4, 5, 9, 16, 17, 40, kernels.FLOAT32_CHUNKED_MAX_ROWS + 3):
         x = torch.randn(rows, cols, generator=gen)
         y = kernels.linear(x, weight, bias)
         torch.testing.assert_close(y, x @ dense.T + bias, rtol=1e-4, atol=1e-4)
         assert torch.equal(y, kernels.linear(x, dense, bias))  # the float32 path, kernel or GEMM
-        if rows <= kernels.SKINNY_MAX_ROWS:
+        if rows <= kernels.FLOAT32_CHUNKED_MAX_ROWS:  # each row is exactly its single-row result
             assert torch.equal(y[-1:], kernels.linear(x[-1:], weight, bias))
 
 
@@ -104,10 +105,11 @@ def test_prefill_sized_float32_products_agree_whichever_gemm_runs_them(gemm, mon
     monkeypatch.setattr(kernels, "PREFILL_GEMM", gemm)
     gen = torch.Generator().manual_seed(2)
     weight, bias = torch.randn(70, 64, generator=gen), torch.randn(70, generator=gen)
-    x = torch.randn(2, 20, 64, generator=gen)  # 40 rows in a batch shape
+    x = torch.randn(2, kernels.FLOAT32_CHUNKED_MAX_ROWS, 64, generator=gen)  # GEMM-sized, in a batch shape
     with torch.inference_mode():
         y = kernels.linear(x, weight, bias)
-    assert y.shape == (2, 20, 70) and y.dtype == torch.float32
+    assert y.shape == (2, kernels.FLOAT32_CHUNKED_MAX_ROWS, 70) and y.dtype == torch.float32
+    torch.testing.assert_close(y, x @ weight.T + bias, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(y, x @ weight.T + bias, rtol=1e-4, atol=1e-4)
 
 
@@ -169,12 +171,12 @@ def test_bfloat16_weights_run_prefill_sized_blocks_through_the_kernel_in_chunks(
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(70, 64, generator=gen).to(torch.bfloat16)
     bias = torch.randn(70, generator=gen)
-    for rows in (17, 40, kernels.BF16_KERNEL_MAX_ROWS + 3):  # chunked, chunked with a short tail, GEMM
+    for rows in (17, 40, kernels.LOW_PRECISION_CHUNKED_MAX_ROWS + 3):  # chunked, chunked with a short tail, GEMM
         x = torch.randn(rows, 64, generator=gen)
         y = kernels.linear(x, weight, bias)
         assert y.shape == (rows, 70)
         torch.testing.assert_close(y, x @ weight.float().T + bias, rtol=1e-4, atol=1e-4)
-        if rows <= kernels.BF16_KERNEL_MAX_ROWS:  # chunks give each row exactly its single-row result
+        if rows <= kernels.LOW_PRECISION_CHUNKED_MAX_ROWS:  # chunks give each row exactly its single-row result
             assert torch.equal(y[rows - 1 :], kernels.linear(x[rows - 1 :], weight, bias))
 
 
