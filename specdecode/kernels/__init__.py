@@ -22,7 +22,7 @@ import torch.nn.functional as F
 _lock = threading.Lock()
 _kernel = None
 _kernel_failed: str | None = None
-# Above this many rows (prompt prefill) the BLAS GEMM wins; decoding and verify blocks stay below it.
+# Rows one kernel call takes: a decode step or a verify block (prompt lookup's largest is 16 tokens).
 SKINNY_MAX_ROWS = 16
 # Prompt-sized products up to these row counts also run through the kernel, in SKINNY_MAX_ROWS chunks,
 # because the GEMM loses below them on this class of CPU. bfloat16/int8 weights would first be converted
@@ -200,14 +200,13 @@ def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     return _kernel.block_attention(q, keys, values, start)
 
 
-def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, use_kernel: bool = True) -> torch.Tensor:
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ weight.T (+ bias); weight is [out, in] float32, bfloat16, Int8Weight or GGUFWeight, x is float32."""
     if isinstance(weight, GGUFWeight) and not READ_GGUF_BLOCKS:
         weight = weight.dense
     low_precision = weight.dtype in (torch.bfloat16, torch.int8)
     if (
-        use_kernel
-        and _kernel is not None
+        _kernel is not None
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.shape[1] % 8 == 0

@@ -110,7 +110,6 @@ def test_prefill_sized_float32_products_agree_whichever_gemm_runs_them(gemm, mon
         y = kernels.linear(x, weight, bias)
     assert y.shape == (2, kernels.FLOAT32_CHUNKED_MAX_ROWS, 70) and y.dtype == torch.float32
     torch.testing.assert_close(y, x @ weight.T + bias, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(y, x @ weight.T + bias, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
