@@ -329,6 +329,23 @@ def test_invariant_check_catches_a_target_cache_that_is_not_rolled_back(monkeypa
         engine.generate(PROMPT, drafter="draft", k=4, max_new_tokens=NEW_TOKENS)
 
 
+def test_identity_check_catches_a_verifier_that_keeps_a_rejected_token(monkeypatch):
+    """The identity suite can fail: a greedy verifier that keeps one draft token past the first
+    disagreement must produce a difference the identity assertion reports."""
+    import specdecode.engine as engine_module
+    from specdecode.verify import Verdict, verify_greedy
+
+    def keeps_one_rejected(logits, draft_tokens):
+        verdict = verify_greedy(logits, draft_tokens)
+        if verdict.accepted == len(draft_tokens):
+            return verdict
+        return Verdict(verdict.accepted + 1, int(logits[verdict.accepted + 1].argmax()))
+
+    monkeypatch.setattr(engine_module, "verify_greedy", keeps_one_rejected)
+    with pytest.raises(AssertionError, match="first difference at generated token"):
+        check_identity("llama", "weak", 4)
+
+
 # --------------------------------------------------------------------------- real models
 REAL_PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
