@@ -171,6 +171,12 @@ def cmd_bench(args) -> int:
     return run_bench_cli(args)
 
 
+def cmd_bench_merge(args) -> int:
+    from .bench.merge import merge_cli
+
+    return merge_cli(args)
+
+
 def cmd_tune(args) -> int:
     from .bench.tune import run_tune_cli
 
@@ -211,12 +217,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(b)
     b.add_argument("--suite", default="humaneval", choices=["humaneval", "specbench"])
     b.add_argument("--limit", type=int, default=10, help="prompts (per category for specbench)")
+    b.add_argument("--offset", type=int, default=0, help="skip this many prompts (per category) first, to continue an earlier run")
     b.add_argument("--categories", default=None, help="comma-separated Spec-Bench categories")
     b.add_argument("--drafters", default=None, help="comma-separated methods: ar,draft,lookup (default: ar + the --draft one)")
     b.add_argument("--bench-dir", default=None, help="folder with humaneval.jsonl / specbench.jsonl")
     b.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
     b.add_argument("--peers", action="store_true", help="also run transformers (and llama.cpp when installed)")
     b.set_defaults(func=cmd_bench)
+
+    bm = sub.add_parser("bench-merge", help="join the rows of bench runs over different prompts into one report")
+    bm.add_argument("folders", nargs="+", help="--out folders of earlier bench runs (each with results.json)")
+    bm.add_argument("--out", required=True, help="folder for the merged results.json, report.md and plot")
+    bm.set_defaults(func=cmd_bench_merge)
 
     t = sub.add_parser("tune", help="measure alpha and costs on sample prompts; print the best drafter and K")
     _add_model_args(t)

@@ -33,6 +33,15 @@ def test_suites_load_with_limits_and_categories(bench_dir):
         load_suite("specbench", bench_dir, 1, ["poetry"])
 
 
+def test_offset_continues_where_an_earlier_run_stopped(bench_dir):
+    assert [p.id for p in load_suite("humaneval", bench_dir, 1, offset=1)] == ["HumanEval/1"]
+    assert [p.id for p in load_suite("humaneval", bench_dir, None, offset=1)] == ["HumanEval/1", "HumanEval/2"]
+    # per category: writing's second prompt; summarization has only one
+    assert [p.id for p in load_suite("specbench", bench_dir, 1, offset=1)] == ["2"]
+    with pytest.raises(InputError, match=">= 0"):
+        load_suite("humaneval", bench_dir, 1, offset=-1)
+
+
 def row(method, tokens, seconds, steps_by_k=None, accepted_by_k=None, identical=None, prompt="p", prefill=0.0):
     steps_by_k = steps_by_k or {}
     accepted_by_k = accepted_by_k or {}
@@ -73,6 +82,44 @@ def test_bench_end_to_end_on_a_real_model(bench_dir, tmp_path, smollm2):
     assert "## Per category" in report and "| lookup |" in report and "| ceiling |" in report
     assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "plot skipped" not in result.stdout
+
+
+def bench_results(tmp_path, name: str, rows: list[Row], **config) -> str:
+    """A bench --out folder as `specdecode bench` writes it."""
+    base = {"command": f"specdecode bench --out {name}", "suite": "specbench", "target": "t", "target_dtype": "float32",
+            "draft": "d", "draft_dtype": "int8", "k": "auto", "max_new_tokens": 128, "temperature": 0.0,
+            "methods": ["ar", "draft"], "wall_seconds": 5.0}
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"config": {**base, **config}, "rows": [vars(r) for r in rows]}))
+    return str(folder)
+
+
+def test_bench_merge_pools_the_rows_of_runs_over_different_prompts(tmp_path):
+    first = [row("ar", 20, 10.0, prompt="1", prefill=2.0), row("draft", 20, 5.0, {4: 4}, {4: 12}, True, prompt="1", prefill=2.0)]
+    second = [row("ar", 30, 12.0, prompt="2", prefill=3.0), row("draft", 30, 10.0, {2: 10}, {2: 8}, True, prompt="2", prefill=3.0)]
+    a, b = bench_results(tmp_path, "a", first), bench_results(tmp_path, "b", second)
+    result = run_cli("bench-merge", a, b, "--out", str(tmp_path / "both"))
+    assert result.returncode == 0, result.stderr
+    merged = json.loads((tmp_path / "both" / "results.json").read_text())
+    expected = summarise(first + second)
+    assert merged["summary"]["draft"]["speedup"] == pytest.approx(expected["draft"]["speedup"])
+    assert merged["summary"]["draft"]["speedup"] == pytest.approx((50 / 15) / (50 / 22))
+    assert merged["summary"]["draft"]["identical"] == 2 and merged["acceptance_by_k"]["draft"]["2"]["steps"] == 10
+    report = (tmp_path / "both" / "report.md").read_text()
+    assert "`specdecode bench --out a`" in report and "`specdecode bench --out b`" in report
+
+
+def test_bench_merge_refuses_runs_that_differ_or_overlap(tmp_path):
+    rows = [row("ar", 20, 10.0, prompt="1"), row("draft", 20, 5.0, {4: 4}, {4: 12}, True, prompt="1")]
+    a = bench_results(tmp_path, "a", rows)
+    other_budget = bench_results(tmp_path, "b", [row("ar", 20, 10.0, prompt="2")], max_new_tokens=1024)
+    same_prompt = bench_results(tmp_path, "c", rows)
+    for folder, message in [(other_budget, "different max_new_tokens"), (same_prompt, "prompt 1 (ar) is in two runs"),
+                            (str(tmp_path / "missing"), "holds no results.json")]:
+        result = run_cli("bench-merge", a, folder, "--out", str(tmp_path / "m"))
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert message in result.stderr
 
 
 def test_bench_refuses_an_unknown_method(bench_dir, tmp_path):

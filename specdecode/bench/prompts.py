@@ -32,12 +32,21 @@ def humaneval_turn(problem: dict) -> str:
     return "Complete the following Python function. Reply with the code only.\n\n```python\n" + problem["prompt"] + "```"
 
 
-def load_suite(name: str, bench_dir: Path, limit: int | None, categories: list[str] | None = None) -> list[BenchPrompt]:
+def load_suite(name: str, bench_dir: Path, limit: int | None, categories: list[str] | None = None,
+               offset: int = 0) -> list[BenchPrompt]:
+    """The first `limit` prompts (per category for Spec-Bench) after skipping `offset`: a later run with
+    --offset continues where an earlier one stopped, and bench-merge joins the two."""
+    if offset < 0 or (limit is not None and limit < 0):
+        raise InputError("--limit and --offset must be >= 0")
     path = bench_dir / SUITE_FILES[name]
+
+    def window(items: list[BenchPrompt]) -> list[BenchPrompt]:
+        return items[offset : offset + limit] if limit else items[offset:]
+
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if name == "humaneval":
         prompts = [BenchPrompt(r["task_id"], "humaneval", (humaneval_turn(r),)) for r in rows]
-        return prompts[:limit] if limit else prompts
+        return window(prompts)
     per_category: dict[str, list[BenchPrompt]] = {}
     for r in rows:
         per_category.setdefault(r["category"], []).append(BenchPrompt(str(r["question_id"]), r["category"], tuple(r["turns"])))
@@ -48,5 +57,5 @@ def load_suite(name: str, bench_dir: Path, limit: int | None, categories: list[s
         per_category = {c: per_category[c] for c in categories}
     out: list[BenchPrompt] = []
     for items in per_category.values():
-        out.extend(items[:limit] if limit else items)
+        out.extend(window(items))
     return out

@@ -44,7 +44,9 @@ def write_report(results: dict, out_dir: Path) -> str:
     lines = [
         f"# specdecode bench: {c['suite']}",
         "",
-        f"Command: `{c['command']}`",
+        *(["Merged from these runs (`specdecode bench-merge`); each timed plain and speculative decoding of its own"
+           " prompts in one process:", "", *[f"- `{command}`" for command in c["merged_from"]]]
+          if c.get("merged_from") else [f"Command: `{c['command']}`"]),
         "",
         f"Target {c['target']} ({c['target_dtype']}), draft {c['draft']} ({c['draft_dtype']}), K={c['k']},"
         f" max {c['max_new_tokens']} new tokens, temperature {c['temperature']}. Speedup = tokens/s against plain"

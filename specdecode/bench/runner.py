@@ -165,7 +165,11 @@ def run_bench_cli(args) -> int:
     k = _parse_k(args.k)
     bench_dir = find_bench_dir(args.bench_dir)
     categories = args.categories.split(",") if args.categories else None
-    prompts = load_suite(args.suite, bench_dir, args.limit, categories)
+    prompts = load_suite(args.suite, bench_dir, args.limit, categories, args.offset)
+    if not prompts:
+        from ..errors import InputError
+
+        raise InputError(f"no prompts left after --offset {args.offset}")
     engine, drafter = build_engine(args)
     methods = args.drafters.split(",") if args.drafters else ["ar", "draft" if drafter == "draft" else drafter]
     methods = [m for m in dict.fromkeys(["ar"] + methods) if m != "none"]
@@ -181,7 +185,7 @@ def run_bench_cli(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {
         "command": "specdecode " + " ".join(sys.argv[1:]),
-        "suite": args.suite, "limit": args.limit, "categories": categories, "methods": methods, "k": k,
+        "suite": args.suite, "limit": args.limit, "offset": args.offset, "categories": categories, "methods": methods, "k": k,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
         "target": engine.target.name, "target_dtype": engine.target.precision,
         "draft": engine.draft.name if engine.draft else None, "draft_dtype": engine.draft.dtype if engine.draft else None,
