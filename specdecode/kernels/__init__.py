@@ -66,18 +66,23 @@ def load_kernel():
 
             from ..registry import cache_dir
 
-            build_dir = cache_dir() / "kernels"
+            here = Path(__file__).parent
+            sources = [here / name for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "int8_dot.cpp")]
+            cflags = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+            # One build folder per content of the sources, header and flags: PyTorch rebuilds only when a
+            # source or flag changes (not a header), and two checkouts of different versions sharing one
+            # folder would rebuild over each other's library, possibly while the other process loads it.
+            digest = hashlib.sha256(" ".join(cflags + [torch.__version__]).encode())
+            for path in [*sources, here / "avx2_math.h"]:
+                digest.update(path.read_bytes())
+            build_dir = cache_dir() / "kernels" / digest.hexdigest()[:16]
             build_dir.mkdir(parents=True, exist_ok=True)
             if not list(build_dir.glob("specdecode_skinny_linear*.so")):
                 print("specdecode: compiling the CPU matmul and attention kernels (first use only, ~1 min) ...", file=sys.stderr)
-            here = Path(__file__).parent
-            # PyTorch rebuilds when the sources or flags change, not when a header does: the header's hash
-            # goes into the flags so an edit to it cannot leave a stale cached build.
-            header_hash = hashlib.sha256((here / "avx2_math.h").read_bytes()).hexdigest()[:16]
             _kernel = load(
                 name="specdecode_skinny_linear",
-                sources=[str(here / name) for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "int8_dot.cpp")],
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", f"-DSPECDECODE_HEADER_HASH={header_hash}"],
+                sources=[str(path) for path in sources],
+                extra_cflags=cflags,
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir),
                 verbose=False,
@@ -134,6 +139,8 @@ class Int8Weight:
 
 
 # ggml block types the gguf kernel reads (gguf.GGMLQuantizationType values): Q4_1, Q8_0, Q4_K, Q6_K.
+# Kept here, not asked of the kernel, because converting a GGUF file saves its blocks without compiling
+# anything; a test checks it against the kernel's own list (gguf_block_types).
 GGUF_KERNEL_TYPES = frozenset({3, 8, 12, 14})
 
 

@@ -236,6 +236,14 @@ bool visit_block_type(int64_t type, F&& f) {
 
 }  // namespace
 
+// The ggml type ids visit_block_type reads, so Python's list of them (GGUF_KERNEL_TYPES) can be checked.
+std::vector<int64_t> gguf_block_types() {
+  std::vector<int64_t> types;
+  for (int64_t t = 0; t < 64; ++t)
+    if (visit_block_type(t, [](auto) {})) types.push_back(t);
+  return types;
+}
+
 // x: [..., in] float32 with at most 16 rows; parts: [rows_i, bytes per row] uint8 blocks of the given
 // ggml types, stacked along the output dimension (e.g. the Q, K and V projections of one layer).
 torch::Tensor gguf_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types) {

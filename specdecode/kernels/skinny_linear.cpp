@@ -8,6 +8,7 @@
 torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start);  // block_attention.cpp
 torch::Tensor int8_dot_linear_cpu(torch::Tensor x, torch::Tensor w, torch::Tensor scale);  // int8_dot.cpp
 torch::Tensor gguf_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types);  // gguf_linear.cpp
+std::vector<int64_t> gguf_block_types();  // gguf_linear.cpp
 
 // Weight storage: float32, bfloat16, or int8 with one float32 scale per output row (applied to the sum).
 enum WType { F32 = 0, BF16 = 1, I8 = 2 };
@@ -107,5 +108,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("skinny_linear_int8", &skinny_linear_int8_cpu);
   m.def("block_attention", &block_attention_cpu);
   m.def("gguf_linear", &gguf_linear_cpu);
+  m.def("gguf_block_types", &gguf_block_types);
   m.def("int8_dot_linear", &int8_dot_linear_cpu);
 }

@@ -98,6 +98,15 @@ def test_gguf_kernel_equals_the_float32_kernel_on_the_dequantized_blocks(qtypes)
             assert torch.equal(y[-1:], kernels.linear(x[-1:], weight, bias))
 
 
+def test_the_gguf_block_types_python_keeps_are_the_ones_the_kernel_reads():
+    from specdecode import kernels
+
+    kernel = kernels.load_kernel()
+    if kernel is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    assert set(kernel.gguf_block_types()) == kernels.GGUF_KERNEL_TYPES
+
+
 @pytest.mark.parametrize("gemm", ["numpy", "torch"])
 def test_prefill_sized_float32_products_agree_whichever_gemm_runs_them(gemm, monkeypatch):
     from specdecode import kernels
