@@ -220,6 +220,36 @@ def test_draft_model_skips_a_prompt_prefill_the_answer_cannot_repay(engine, monk
     assert result.token_ids == plain.token_ids
 
 
+def test_a_long_prompt_is_read_by_the_draft_model_only_once_the_answer_shows_it_will_repay_it(pair, monkeypatch):
+    # ~26 unread tokens at 2.5 ms cost 65 ms; a token drafted at the 1.2x prior saves ~1.7 ms of a 10 ms step.
+    # The 90-token budget would repay that at once, but the engine counts on the answer's length so far
+    # (at least ANSWER_CREDIT = 32 tokens, 53 ms): it decodes plainly until ~39 tokens, then drafts.
+    from specdecode import engine as engine_module
+
+    engine = Engine(as_loaded(pair[0], name="target"), as_loaded(pair[1], name="draft"), max_context=128, check_invariants=True)
+    monkeypatch.setattr(engine.costs, "record_target", lambda *a: None)
+    monkeypatch.setattr(engine.costs, "record_draft", lambda *a: None)
+    long_prompt = PROMPT * 3
+    plain = engine.generate(long_prompt, drafter="none", max_new_tokens=90)
+    known_costs(engine, draft_prefill_per_token=0.0025)
+    passes_before_read = []
+    verify, read = engine._verify, engine.drafter("draft").prefill
+    monkeypatch.setattr(engine, "_verify", lambda *a: (passes_before_read.append(None), verify(*a))[1])
+    monkeypatch.setattr(engine.drafter("draft"), "prefill", lambda ids: (passes_before_read.append(len(passes_before_read)), read(ids)))
+    result = engine.generate(long_prompt, drafter="draft", k="auto", max_new_tokens=90)
+    assert result.token_ids == plain.token_ids
+    reads = [n for n in passes_before_read if n is not None]
+    assert len(reads) == 1 and 36 <= reads[0] <= 45, reads  # one plain target pass per token until then
+    assert result.stats.draft_passes > 0
+    # an answer that ends before it could repay the read never pays for it
+    engine.reset()
+    engine.drafting_speedup.clear()
+    known_costs(engine, draft_prefill_per_token=0.0025)
+    result = engine.generate(long_prompt, drafter="draft", k="auto", max_new_tokens=engine_module.ANSWER_CREDIT + 6)
+    assert result.stats.draft_passes == 0 and engine._drafters["draft"].cache.length == 0
+    assert result.token_ids == plain.token_ids[: len(result.token_ids)]
+
+
 def test_a_pinned_k_always_drafts(engine):
     known_costs(engine, draft_prefill_per_token=1.0)
     result = engine.generate(PROMPT * 3, drafter="draft", k=2, max_new_tokens=6)

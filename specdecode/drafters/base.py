@@ -44,5 +44,9 @@ class Drafter:
     def prefill(self, context: list[int]) -> None:
         """Called once per generation with the prompt, before the first proposal (model drafters read it here)."""
 
+    def unread_tokens(self, context: list[int]) -> int:
+        """How many tokens of context (all but its last) `prefill` would still have to read."""
+        return 0
+
     def accept(self, context: list[int]) -> None:
         """Called after verification with the full token sequence now known to be correct."""

@@ -58,6 +58,9 @@ class DraftModelDrafter(Drafter):
         """Consume the prompt (all but its last token) so that proposals only feed the newest tokens."""
         self._feed(context[:-1], logits="none")
 
+    def unread_tokens(self, context: list[int]) -> int:
+        return max(0, len(context) - 1 - common_prefix_len(self.cached, context[:-1]))
+
     def _sync(self, context: list[int]) -> torch.Tensor:
         """Feed whatever of `context` the cache lacks; logits after its last token."""
         return self._feed(context, logits="last")
