@@ -228,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     bm = sub.add_parser("bench-merge", help="join the rows of bench runs over different prompts into one report")
     bm.add_argument("folders", nargs="+", help="--out folders of earlier bench runs (each with results.json)")
     bm.add_argument("--out", required=True, help="folder for the merged results.json, report.md and plot")
+    bm.add_argument("--replace", action="store_true",
+                    help="a category a later folder measured again replaces that category of the earlier folders")
     bm.set_defaults(func=cmd_bench_merge)
 
     t = sub.add_parser("tune", help="measure alpha and costs on sample prompts; print the best drafter and K")

@@ -110,6 +110,27 @@ def test_bench_merge_pools_the_rows_of_runs_over_different_prompts(tmp_path):
     assert "`specdecode bench --out a`" in report and "`specdecode bench --out b`" in report
 
 
+def test_bench_merge_replace_swaps_whole_categories_measured_again(tmp_path):
+    def pair(prompt, category, draft_seconds):
+        rows = [row("ar", 20, 10.0, prompt=prompt), row("draft", 20, draft_seconds, {4: 4}, {4: 12}, True, prompt=prompt)]
+        for r in rows:
+            r.category = category
+        return rows
+
+    first = bench_results(tmp_path, "a", pair("1", "writing", 20.0) + pair("2", "math", 5.0))
+    again = bench_results(tmp_path, "b", pair("1", "writing", 8.0))
+    refused = run_cli("bench-merge", first, again, "--out", str(tmp_path / "m"))
+    assert refused.returncode == 2 and "prompt 1 (ar) is in two runs" in refused.stderr
+    result = run_cli("bench-merge", first, again, "--replace", "--out", str(tmp_path / "m"))
+    assert result.returncode == 0, result.stderr
+    merged = json.loads((tmp_path / "m" / "results.json").read_text())
+    assert merged["by_category"]["writing"]["draft"]["speedup"] == pytest.approx(10 / 8)
+    assert merged["by_category"]["math"]["draft"]["speedup"] == pytest.approx(2.0)
+    assert len(merged["rows"]) == 4
+    assert "Replaced: writing of `specdecode bench --out a` replaced by `specdecode bench --out b`" in (
+        tmp_path / "m" / "report.md").read_text()
+
+
 def test_bench_merge_refuses_runs_that_differ_or_overlap(tmp_path):
     rows = [row("ar", 20, 10.0, prompt="1"), row("draft", 20, 5.0, {4: 4}, {4: 12}, True, prompt="1")]
     a = bench_results(tmp_path, "a", rows)

@@ -27,7 +27,9 @@ def _read(folder: Path) -> dict:
         raise InputError(f"{path} is unreadable: {exc}") from None
 
 
-def merge_results(runs: list[dict]) -> dict:
+def merge_results(runs: list[dict], replace: bool = False) -> dict:
+    """replace: a category that a later run measured again replaces that whole category of the earlier runs
+    (for a run disturbed by other work on the machine); whole categories only, never single prompts."""
     first = runs[0]["config"]
     for run in runs[1:]:
         for key in MUST_MATCH:
@@ -36,6 +38,17 @@ def merge_results(runs: list[dict]) -> dict:
                     f"cannot merge runs with different {key}: {first.get(key)!r} and {run['config'].get(key)!r}"
                     f" ({first['command']} / {run['config']['command']})"
                 )
+    replaced: list[str] = []
+    if replace:
+        runs = [dict(run) for run in runs]
+        for later_index, later in enumerate(runs):
+            categories = {data["category"] for data in later["rows"]}
+            for earlier in runs[:later_index]:
+                dropped = sorted(categories & {data["category"] for data in earlier["rows"]})
+                if dropped:
+                    earlier["rows"] = [data for data in earlier["rows"] if data["category"] not in categories]
+                    replaced.append(f"{', '.join(dropped)} of `{earlier['config']['command']}` replaced by"
+                                    f" `{later['config']['command']}`")
     rows: list[Row] = []
     seen: dict[tuple, str] = {}
     for run in runs:
@@ -51,6 +64,7 @@ def merge_results(runs: list[dict]) -> dict:
     config = {key: first.get(key) for key in MUST_MATCH}
     config["command"] = " + ".join(run["config"]["command"] for run in runs)
     config["merged_from"] = [run["config"]["command"] for run in runs]
+    config["replaced"] = replaced
     config["wall_seconds"] = sum(run["config"].get("wall_seconds", 0.0) for run in runs)
     return {
         "config": config,
@@ -64,7 +78,7 @@ def merge_results(runs: list[dict]) -> dict:
 
 def merge_cli(args) -> int:
     runs = [_read(Path(folder)) for folder in args.folders]
-    results = merge_results(runs)
+    results = merge_results(runs, replace=args.replace)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))

@@ -45,7 +45,8 @@ def write_report(results: dict, out_dir: Path) -> str:
         f"# specdecode bench: {c['suite']}",
         "",
         *(["Merged from these runs (`specdecode bench-merge`); each timed plain and speculative decoding of its own"
-           " prompts in one process:", "", *[f"- `{command}`" for command in c["merged_from"]]]
+           " prompts in one process:", "", *[f"- `{command}`" for command in c["merged_from"]],
+           *([""] + [f"Replaced: {line}." for line in c["replaced"]] if c.get("replaced") else [])]
           if c.get("merged_from") else [f"Command: `{c['command']}`"]),
         "",
         f"Target {c['target']} ({c['target_dtype']}), draft {c['draft']} ({c['draft_dtype']}), K={c['k']},"
