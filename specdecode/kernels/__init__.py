@@ -9,6 +9,7 @@ plain decoding pass bit for bit (no floating-point near-tie can split them).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import sys
@@ -47,6 +48,25 @@ def _cpu_has_avx2_fma() -> bool:
     return " avx2" in flags and " fma" in flags and " f16c" in flags
 
 
+_HERE = Path(__file__).parent
+KERNEL_SOURCES = [_HERE / name for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "int8_dot.cpp")]
+KERNEL_CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+
+
+def kernel_build_dir() -> Path:
+    """One build folder per checkout and content of the sources, header, flags and torch version.
+
+    PyTorch rebuilds when a source, its path or a flag changes (not a header): two checkouts sharing one
+    folder would rebuild over each other's library, possibly while the other process loads it.
+    """
+    from ..registry import cache_dir
+
+    digest = hashlib.sha256(" ".join(KERNEL_CFLAGS + [torch.__version__, str(_HERE)]).encode())
+    for path in [*KERNEL_SOURCES, _HERE / "avx2_math.h"]:
+        digest.update(path.read_bytes())
+    return cache_dir() / "kernels" / digest.hexdigest()[:16]
+
+
 def load_kernel():
     """Compile (once, cached on disk by PyTorch) and return the extension, or None with a reason kept."""
     global _kernel, _kernel_failed
@@ -64,29 +84,24 @@ def load_kernel():
         try:
             from torch.utils.cpp_extension import load
 
-            from ..registry import cache_dir
-
-            here = Path(__file__).parent
-            sources = [here / name for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "int8_dot.cpp")]
-            cflags = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
-            # One build folder per content of the sources, header and flags: PyTorch rebuilds only when a
-            # source or flag changes (not a header), and two checkouts of different versions sharing one
-            # folder would rebuild over each other's library, possibly while the other process loads it.
-            digest = hashlib.sha256(" ".join(cflags + [torch.__version__]).encode())
-            for path in [*sources, here / "avx2_math.h"]:
-                digest.update(path.read_bytes())
-            build_dir = cache_dir() / "kernels" / digest.hexdigest()[:16]
+            build_dir = kernel_build_dir()
             build_dir.mkdir(parents=True, exist_ok=True)
             if not list(build_dir.glob("specdecode_skinny_linear*.so")):
                 print("specdecode: compiling the CPU matmul and attention kernels (first use only, ~1 min) ...", file=sys.stderr)
-            _kernel = load(
-                name="specdecode_skinny_linear",
-                sources=[str(path) for path in sources],
-                extra_cflags=cflags,
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(build_dir),
-                verbose=False,
-            )
+            # PyTorch's own build lock is a plain file: a build killed mid-way (SIGTERM, SIGKILL) leaves it
+            # behind and every later load waits on it forever. An flock dies with its process, so whoever holds
+            # it knows no other build of ours is running and removes a leftover file first.
+            with open(build_dir / "build.flock", "w") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                (build_dir / "lock").unlink(missing_ok=True)
+                _kernel = load(
+                    name="specdecode_skinny_linear",
+                    sources=[str(path) for path in KERNEL_SOURCES],
+                    extra_cflags=KERNEL_CFLAGS,
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(build_dir),
+                    verbose=False,
+                )
         except Exception as exc:  # a missing compiler must not stop inference, only slow it
             _kernel_failed = f"{type(exc).__name__}: {exc}"
             print(f"specdecode: CPU kernel unavailable, using torch matmul ({_kernel_failed})", file=sys.stderr)
