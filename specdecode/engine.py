@@ -231,6 +231,8 @@ class Engine:
             policy.prior_speedup = min(1.5, max(0.7, self.drafting_speedup[drafter.name]))
         self._prefill(prompt_ids)
         drafter_ready = not (drafter is not None and drafter.has_model)
+        # Nothing touches the draft cache until its prefill, so what it lacks of the prompt is fixed until then.
+        unread = 0 if drafter_ready else drafter.unread_tokens(prompt_ids)
         stats.time_prefill = time.perf_counter() - started
         decoder = StreamDecoder(self.tokenizer)
         held_back = max((len(s) for s in stops), default=1) - 1
@@ -251,15 +253,13 @@ class Engine:
             if isinstance(drafter, TreeDrafter):
                 k_step = min(k_step, room // 2)  # a tree block holds up to two tokens per depth
             if k_step > 0 and not drafter_ready and fixed_k is None and not self._draft_prefill_pays(
-                drafter.name, policy, drafter.unread_tokens(prompt_ids), len(prompt_ids), budget, len(generated),
-                stats.time_prefill,
+                drafter.name, policy, unread, len(prompt_ids), budget, len(generated), stats.time_prefill
             ):
                 k_step = 0
                 policy.plain_steps += 1
             if k_step > 0 and not drafter_ready:
                 # The draft model reads the prompt only now, on its first proposal: a generation that never
                 # drafts never pays for it. Its time counts in the total but not in the per-step costs.
-                unread = drafter.unread_tokens(prompt_ids)
                 t0 = time.perf_counter()
                 drafter.prefill(prompt_ids)
                 seconds = time.perf_counter() - t0

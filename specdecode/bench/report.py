@@ -39,15 +39,23 @@ def category_table(by_category: dict) -> list[str]:
     return lines
 
 
+def _command_lines(config: dict) -> list[str]:
+    if not config.get("merged_from"):
+        return [f"Command: `{config['command']}`"]
+    lines = ["Merged from these runs (`specdecode bench-merge`); each timed plain and speculative decoding of its own"
+             " prompts in one process:", ""]
+    lines += [f"- `{command}`" for command in config["merged_from"]]
+    if config.get("replaced"):
+        lines += [""] + [f"Replaced: {line}." for line in config["replaced"]]
+    return lines
+
+
 def write_report(results: dict, out_dir: Path) -> str:
     c = results["config"]
     lines = [
         f"# specdecode bench: {c['suite']}",
         "",
-        *(["Merged from these runs (`specdecode bench-merge`); each timed plain and speculative decoding of its own"
-           " prompts in one process:", "", *[f"- `{command}`" for command in c["merged_from"]],
-           *([""] + [f"Replaced: {line}." for line in c["replaced"]] if c.get("replaced") else [])]
-          if c.get("merged_from") else [f"Command: `{c['command']}`"]),
+        *_command_lines(c),
         "",
         f"Target {c['target']} ({c['target_dtype']}), draft {c['draft']} ({c['draft_dtype']}), K={c['k']},"
         f" max {c['max_new_tokens']} new tokens, temperature {c['temperature']}. Speedup = tokens/s against plain"

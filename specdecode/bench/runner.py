@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..errors import InputError
 from ..sampling import SamplingParams
 from .prompts import BenchPrompt, find_bench_dir, load_suite
 from .report import write_report
@@ -167,16 +168,12 @@ def run_bench_cli(args) -> int:
     categories = args.categories.split(",") if args.categories else None
     prompts = load_suite(args.suite, bench_dir, args.limit, categories, args.offset)
     if not prompts:
-        from ..errors import InputError
-
         raise InputError(f"no prompts left after --offset {args.offset}")
     engine, drafter = build_engine(args)
     methods = args.drafters.split(",") if args.drafters else ["ar", "draft" if drafter == "draft" else drafter]
     methods = [m for m in dict.fromkeys(["ar"] + methods) if m != "none"]
     for m in methods:
         if m not in METHOD_DRAFTERS:
-            from ..errors import InputError
-
             raise InputError(f"unknown method '{m}' in --drafters (choose from ar, draft, lookup, tree)")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     started = time.time()
