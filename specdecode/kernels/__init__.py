@@ -49,7 +49,8 @@ def _cpu_has_avx2_fma() -> bool:
 
 
 _HERE = Path(__file__).parent
-KERNEL_SOURCES = [_HERE / name for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "int8_dot.cpp")]
+KERNEL_SOURCES = [_HERE / name for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "quant_dot.cpp")]
+KERNEL_HEADERS = [_HERE / name for name in ("avx2_math.h", "quant_dot_impl.h")]
 KERNEL_CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 
@@ -62,7 +63,7 @@ def kernel_build_dir() -> Path:
     from ..registry import cache_dir
 
     digest = hashlib.sha256(" ".join(KERNEL_CFLAGS + [torch.__version__, str(_HERE)]).encode())
-    for path in [*KERNEL_SOURCES, _HERE / "avx2_math.h"]:
+    for path in [*KERNEL_SOURCES, *KERNEL_HEADERS]:
         digest.update(path.read_bytes())
     return cache_dir() / "kernels" / digest.hexdigest()[:16]
 
@@ -115,48 +116,69 @@ def kernel_status() -> str:
     return f"torch ({_kernel_failed})" if _kernel_failed else "not loaded"
 
 
-# Int8Weight products (draft models only) quantize their activations to int8 too, one scale per 32 values,
-# and run on integer multiply-adds (int8_dot.cpp); off, the kernel rebuilds float32 weights instead.
-INT8_ACTIVATIONS = os.environ.get("SPECDECODE_DRAFT_INT8_ACTIVATIONS", "1") != "0"
-
-
-class Int8Weight:
-    """A weight matrix stored as int8 with one float32 scale per output row (symmetric, absmax / 127).
-
-    For the draft model only: a draft's precision never changes what the target outputs, only how often
-    it agrees, and int8 halves the bytes a bfloat16 draft streams per token.
-    """
-
-    dtype = torch.int8
-
-    def __init__(self, data: torch.Tensor, scale: torch.Tensor):
-        self.data = data.contiguous()
-        self.scale = scale.to(torch.float32).contiguous()
-        self.shape = self.data.shape
-        self.device = self.data.device
-
-    @classmethod
-    def quantize(cls, weight: torch.Tensor) -> "Int8Weight":
-        w = weight.detach().to(torch.float32)
-        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-        return cls(torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return (self.data.to(torch.float32) * self.scale[:, None]).to(dtype)
-
-    def index_select(self, dim: int, index: torch.Tensor) -> "Int8Weight":
-        if dim != 0:
-            raise ValueError("Int8Weight selects whole rows only")
-        return Int8Weight(self.data.index_select(0, index), self.scale.index_select(0, index))
-
-    def contiguous(self) -> "Int8Weight":
-        return self
-
-
 # ggml block types the gguf kernel reads (gguf.GGMLQuantizationType values): Q4_1, Q8_0, Q4_K, Q6_K.
 # Kept here, not asked of the kernel, because converting a GGUF file saves its blocks without compiling
 # anything; a test checks it against the kernel's own list (gguf_block_types).
 GGUF_KERNEL_TYPES = frozenset({3, 8, 12, 14})
+
+
+# ggml block types the int8 kernel (quant_dot.cpp) reads: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K. A test checks
+# this against the kernel's own list (quant_block_types).
+QUANT_KERNEL_TYPES = frozenset({2, 3, 6, 8, 12, 14})
+Q8_0 = 8
+# The int8 kernel's instruction set: "auto" picks AVX-512 VNNI where the CPU has it, else AVX2. Both give
+# the same bits; SPECDECODE_ISA=avx2 forces the AVX2 path (for A/B timing).
+QUANT_ISA = os.environ.get("SPECDECODE_ISA", "auto")
+
+
+class QuantWeight:
+    """A weight matrix kept as GGUF blocks, multiplied with int8-quantized activations (the int8 target).
+
+    One part per source tensor, stacked along the output dimension. Every product runs through
+    quant_dot.cpp in blocks of at most SKINNY_MAX_ROWS rows, prompts included, so each row's result is
+    the one that row gets alone: prefill, decode steps and verify blocks compute a token the same way.
+    """
+
+    dtype = torch.int8
+
+    def __init__(self, parts: list[tuple[int, torch.Tensor]]):
+        import gguf
+
+        self.types = [int(t) for t, _ in parts]
+        self.parts = [blocks.contiguous() for _, blocks in parts]
+        weights_per_block, bytes_per_block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(self.types[0])]
+        self.shape = torch.Size([sum(p.shape[0] for p in self.parts), self.parts[0].shape[1] // bytes_per_block * weights_per_block])
+        self.device = torch.device("cpu")
+
+    @classmethod
+    def from_dense(cls, weight: torch.Tensor) -> "QuantWeight":
+        """Float weights as Q8_0 blocks (one float16 scale per 32 weights)."""
+        return cls([(Q8_0, load_kernel().quantize_q8_0(weight.detach().to(torch.float32).contiguous()))])
+
+    def index_select(self, dim: int, index: torch.Tensor) -> "QuantWeight":
+        """Whole rows (the draft's frequent-vocabulary head): from one part only."""
+        if dim != 0 or len(self.parts) != 1:
+            raise ValueError("QuantWeight selects whole rows of a one-part matrix only")
+        return QuantWeight([(self.types[0], self.parts[0].index_select(0, index))])
+
+    def contiguous(self) -> "QuantWeight":
+        return self
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        import gguf
+
+        rows = [gguf.quants.dequantize(p.numpy(), gguf.GGMLQuantizationType(t)) for t, p in zip(self.types, self.parts)]
+        return torch.from_numpy(np.concatenate(rows).reshape(self.shape).astype(np.float32)).to(dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] float32 -> [..., out]; any number of rows, SKINNY_MAX_ROWS per kernel call."""
+        flat = x.reshape(-1, x.shape[-1])
+        calls = [
+            _kernel.quant_linear(flat[i : i + SKINNY_MAX_ROWS], self.parts, self.types, QUANT_ISA, -1)
+            for i in range(0, flat.shape[0], SKINNY_MAX_ROWS)
+        ]
+        y = calls[0] if len(calls) == 1 else torch.cat(calls)
+        return y.reshape(*x.shape[:-1], self.shape[0])
 
 
 # Off: GGUFWeight products use their float32 copy (identical outputs; for timing the two paths in one process).
@@ -200,10 +222,6 @@ class GGUFWeight:
 def _kernel_rows(x: torch.Tensor, weight) -> torch.Tensor:
     if isinstance(weight, GGUFWeight):
         return _kernel.gguf_linear(x, weight.parts, weight.types)
-    if isinstance(weight, Int8Weight):
-        if INT8_ACTIVATIONS and weight.shape[1] % 32 == 0:
-            return _kernel.int8_dot_linear(x, weight.data, weight.scale)
-        return _kernel.skinny_linear_int8(x, weight.data, weight.scale)
     return _kernel.skinny_linear(x, weight)
 
 
@@ -223,10 +241,13 @@ def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ weight.T (+ bias); weight is [out, in] float32, bfloat16, Int8Weight or GGUFWeight, x is float32."""
+    """y = x @ weight.T (+ bias); weight is [out, in] float32, bfloat16, GGUFWeight or QuantWeight; x is float32."""
+    if isinstance(weight, QuantWeight):
+        y = weight.matmul(x)
+        return y + bias if bias is not None else y
     if isinstance(weight, GGUFWeight) and not READ_GGUF_BLOCKS:
         weight = weight.dense
-    low_precision = weight.dtype in (torch.bfloat16, torch.int8)
+    low_precision = weight.dtype == torch.bfloat16
     if (
         _kernel is not None
         and x.device.type == "cpu"
@@ -242,7 +263,7 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
             y = torch.cat([_kernel_rows(flat[i : i + SKINNY_MAX_ROWS], weight) for i in range(0, rows, SKINNY_MAX_ROWS)])
             y = y.reshape(*x.shape[:-1], weight.shape[0])
             return y + bias if bias is not None else y
-    if isinstance(weight, (Int8Weight, GGUFWeight)):
+    if isinstance(weight, GGUFWeight):
         weight = weight.dequantize(x.dtype)
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)

@@ -6,13 +6,17 @@
 #include "avx2_math.h"
 
 torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start);  // block_attention.cpp
-torch::Tensor int8_dot_linear_cpu(torch::Tensor x, torch::Tensor w, torch::Tensor scale);  // int8_dot.cpp
 torch::Tensor gguf_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types);  // gguf_linear.cpp
 std::vector<int64_t> gguf_block_types();  // gguf_linear.cpp
+torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types,
+                               std::string isa, int64_t perturb_row);  // quant_dot.cpp
+std::vector<int64_t> quant_block_types();  // quant_dot.cpp
+std::string quant_isa();  // quant_dot.cpp
+torch::Tensor quantize_q8_0_cpu(torch::Tensor w);  // quant_dot.cpp
 
-// Weight storage: float32, bfloat16, or int8 with one float32 scale per output row (applied to the sum).
-enum WType { F32 = 0, BF16 = 1, I8 = 2 };
-template <int WT> constexpr int64_t wsize() { return WT == F32 ? 4 : WT == BF16 ? 2 : 1; }
+// Weight storage: float32 or bfloat16.
+enum WType { F32 = 0, BF16 = 1 };
+template <int WT> constexpr int64_t wsize() { return WT == F32 ? 4 : 2; }
 
 template <int WT>
 static inline __m256 loadw(const char* w, int64_t i) {
@@ -20,17 +24,13 @@ static inline __m256 loadw(const char* w, int64_t i) {
     __m128i h = _mm_loadu_si128((const __m128i*)((const uint16_t*)w + i));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
-  if (WT == I8) {
-    __m128i b = _mm_loadl_epi64((const __m128i*)((const int8_t*)w + i));
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-  }
   return _mm256_loadu_ps((const float*)w + i);
 }
 
 // R weight rows x MB activation rows per tile; every (row, token) dot product is summed in the
 // same order whatever M is, so a verify block reproduces single-token logits bit for bit.
 template <int R, int MB, int WT>
-static inline void tile(const float* x, int64_t in, const char* w, int64_t wstride, float* out, int64_t O, const float* scale) {
+static inline void tile(const float* x, int64_t in, const char* w, int64_t wstride, float* out, int64_t O) {
   __m256 acc[R][MB];
   for (int r = 0; r < R; ++r) for (int j = 0; j < MB; ++j) acc[r][j] = _mm256_setzero_ps();
 #pragma GCC unroll 4
@@ -45,23 +45,23 @@ static inline void tile(const float* x, int64_t in, const char* w, int64_t wstri
       for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(xv, wv[r], acc[r][j]);
     }
   }
-  for (int r = 0; r < R; ++r) for (int j = 0; j < MB; ++j) out[j * O + r] = WT == I8 ? hsum(acc[r][j]) * scale[r] : hsum(acc[r][j]);
+  for (int r = 0; r < R; ++r) for (int j = 0; j < MB; ++j) out[j * O + r] = hsum(acc[r][j]);
 }
 
 template <int R, int WT>
-static inline void rows(const float* x, int64_t M, int64_t in, const char* w, int64_t wstride, float* y, int64_t O, const float* scale) {
+static inline void rows(const float* x, int64_t M, int64_t in, const char* w, int64_t wstride, float* y, int64_t O) {
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile<R, 4, WT>(x + m * in, in, w, wstride, y + m * O, O, scale);
+  for (; m + 4 <= M; m += 4) tile<R, 4, WT>(x + m * in, in, w, wstride, y + m * O, O);
   switch (M - m) {
-    case 3: tile<R, 3, WT>(x + m * in, in, w, wstride, y + m * O, O, scale); break;
-    case 2: tile<R, 2, WT>(x + m * in, in, w, wstride, y + m * O, O, scale); break;
-    case 1: tile<R, 1, WT>(x + m * in, in, w, wstride, y + m * O, O, scale); break;
+    case 3: tile<R, 3, WT>(x + m * in, in, w, wstride, y + m * O, O); break;
+    case 2: tile<R, 2, WT>(x + m * in, in, w, wstride, y + m * O, O); break;
+    case 1: tile<R, 1, WT>(x + m * in, in, w, wstride, y + m * O, O); break;
     default: break;
   }
 }
 
 template <int WT>
-static void run(const float* x, int64_t M, int64_t in, const void* w, int64_t O, float* y, const float* scale) {
+static void run(const float* x, int64_t M, int64_t in, const void* w, int64_t O, float* y) {
   const int64_t wstride = in * wsize<WT>();
   constexpr int R = 3;
   const int64_t tiles = (O + R - 1) / R;
@@ -69,13 +69,14 @@ static void run(const float* x, int64_t M, int64_t in, const void* w, int64_t O,
     for (int64_t t = b; t < e; ++t) {
       int64_t o = t * R;
       const char* wrow = (const char*)w + o * wstride;
-      if (o + R <= O) rows<R, WT>(x, M, in, wrow, wstride, y + o, O, scale ? scale + o : nullptr);
-      else for (; o < O; ++o, wrow += wstride) rows<1, WT>(x, M, in, wrow, wstride, y + o, O, scale ? scale + o : nullptr);
+      if (o + R <= O) rows<R, WT>(x, M, in, wrow, wstride, y + o, O);
+      else for (; o < O; ++o, wrow += wstride) rows<1, WT>(x, M, in, wrow, wstride, y + o, O);
     }
   });
 }
 
-static torch::Tensor launch(torch::Tensor x, torch::Tensor w, const float* scale) {
+torch::Tensor skinny_linear_cpu(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, "skinny_linear: weight must be float32 or bfloat16");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "skinny_linear: x must be float32");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "skinny_linear: weight must be a contiguous matrix");
   TORCH_CHECK(x.size(-1) == w.size(1) && w.size(1) % 8 == 0, "skinny_linear: inner size must match and be a multiple of 8");
@@ -85,29 +86,18 @@ static torch::Tensor launch(torch::Tensor x, torch::Tensor w, const float* scale
   auto y = torch::empty(out_sizes, xc.options());
   const float* xp = xc.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  if (w.scalar_type() == at::kChar) run<I8>(xp, M, in, w.data_ptr(), O, yp, scale);
-  else if (w.scalar_type() == at::kBFloat16) run<BF16>(xp, M, in, w.data_ptr(), O, yp, nullptr);
-  else run<F32>(xp, M, in, w.data_ptr(), O, yp, nullptr);
+  if (w.scalar_type() == at::kBFloat16) run<BF16>(xp, M, in, w.data_ptr(), O, yp);
+  else run<F32>(xp, M, in, w.data_ptr(), O, yp);
   return y;
-}
-
-torch::Tensor skinny_linear_cpu(torch::Tensor x, torch::Tensor w) {
-  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, "skinny_linear: weight must be float32 or bfloat16");
-  return launch(x, w, nullptr);
-}
-
-torch::Tensor skinny_linear_int8_cpu(torch::Tensor x, torch::Tensor w, torch::Tensor scale) {
-  TORCH_CHECK(w.scalar_type() == at::kChar, "skinny_linear_int8: weight must be int8");
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == w.size(0),
-              "skinny_linear_int8: one float32 scale per weight row");
-  return launch(x, w, scale.data_ptr<float>());
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("skinny_linear", &skinny_linear_cpu);
-  m.def("skinny_linear_int8", &skinny_linear_int8_cpu);
   m.def("block_attention", &block_attention_cpu);
   m.def("gguf_linear", &gguf_linear_cpu);
   m.def("gguf_block_types", &gguf_block_types);
-  m.def("int8_dot_linear", &int8_dot_linear_cpu);
+  m.def("quant_linear", &quant_linear_cpu);
+  m.def("quant_block_types", &quant_block_types);
+  m.def("quant_isa", &quant_isa);
+  m.def("quantize_q8_0", &quantize_q8_0_cpu);
 }

@@ -112,14 +112,14 @@ def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions
 def read_gguf_blocks(path: Path, config: ModelConfig, reader=None) -> dict[str, list[tuple[int, torch.Tensor]]]:
     """The raw GGUF blocks behind each projection matrix, keyed by the model attribute they back
     ("layers.3.qkv", "lm_head"), as (ggml type, [rows, bytes per row] uint8) per source tensor, in the
-    order the loader stacks them. Matrices with any block type the gguf kernel cannot read are left out.
+    order the loader stacks them. Matrices with any block type neither kernel reads are left out.
     """
     reader = reader or open_gguf(path)
     tensors = {t.name: t for t in reader.tensors}
 
     def blocks(name: str, heads: int | None = None) -> tuple[int, torch.Tensor] | None:
         t = tensors.get(name)
-        if t is None or int(t.tensor_type) not in kernels.GGUF_KERNEL_TYPES:
+        if t is None or int(t.tensor_type) not in kernels.GGUF_KERNEL_TYPES | kernels.QUANT_KERNEL_TYPES:
             return None
         data = np.asarray(t.data)
         if heads is not None and config.arch == "llama":

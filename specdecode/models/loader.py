@@ -19,10 +19,12 @@ from .config import ModelConfig
 from .transformer import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# int8 (per-row scales) is meant for draft models: loaded as float32, then quantized (see kernels.Int8Weight).
+# int8: the model as llama.cpp computes it on a CPU, GGUF blocks times int8 activations (kernels.QuantWeight);
+# matrices without readable blocks (other GGUF types, Hugging Face folders) are requantized to Q8_0.
 QUANTIZED = {"int8"}
 LAYER_MATRICES = ("qkv", "out_proj", "gate_up", "down")
-BLOCKS_FILE = "gguf_blocks.safetensors"
+# v2: every block type either kernel reads (v1 kept only the float32 kernel's, without Q5_0).
+BLOCKS_FILE = "gguf_blocks-v2.safetensors"
 
 
 @dataclass
@@ -38,6 +40,8 @@ class LoadedModel:
 
     @property
     def precision(self) -> str:
+        if self.dtype == "int8":
+            return "int8 (GGUF blocks x int8 activations)"
         return f"{self.dtype}, from GGUF blocks" if self.gguf_blocks else self.dtype
 
     @property
@@ -99,19 +103,25 @@ def convert_gguf(gguf_path: Path, quiet: bool = False) -> Path:
     return target
 
 
-def _load_converted(folder: Path, device, weight_dtype, max_positions) -> Transformer:
-    from safetensors.torch import load_file
+def _load_converted(folder: Path, device, weight_dtype, max_positions, skip=frozenset()) -> Transformer:
+    """The converted float32 model; parameters named in `skip` stay unread (empty), for their blocks to replace."""
+    from safetensors import safe_open
 
     config = ModelConfig(**json.loads((folder / "config.json").read_text()))
     model = Transformer(config, weight_dtype=weight_dtype, max_positions=max_positions)
     try:
-        state = load_file(str(folder / "weights.safetensors"), device="cpu")
+        with safe_open(str(folder / "weights.safetensors"), framework="pt") as f:
+            stored = set(f.keys())
+            for name, param in model.named_parameters():
+                if name in skip:
+                    continue
+                if name not in stored:
+                    raise ModelError(f"converted weights in {folder} lack {name}; delete that folder to rebuild")
+                param.data = f.get_tensor(name).to(device=device, dtype=param.dtype).contiguous()
+    except ModelError:
+        raise
     except Exception as exc:
         raise ModelError(f"converted weights in {folder} are unreadable ({exc}); delete that folder to rebuild") from None
-    for name, param in model.named_parameters():
-        if name not in state:
-            raise ModelError(f"converted weights in {folder} lack {name}; delete that folder to rebuild")
-        param.data = state[name].to(device=device, dtype=param.dtype).contiguous()
     return model
 
 
@@ -123,42 +133,70 @@ def _save_blocks(blocks: dict, path: Path) -> None:
     save_file(flat, str(path), metadata={"types": json.dumps(types)})
 
 
-def _attach_blocks(model: Transformer, gguf_path: Path, folder: Path) -> int:
-    """Let the float32 model read its GGUF blocks for decode steps (same outputs, fewer bytes per token).
-
-    The blocks are saved next to the converted weights the first time, since parsing the GGUF header
-    again costs ~30 s (the tokenizer's metadata) against under a second for this file.
-    """
+def _read_blocks(gguf_path: Path, folder: Path, config: ModelConfig) -> dict:
+    """The GGUF blocks of every matrix, saved next to the converted weights the first time, since parsing
+    the GGUF header again costs ~30 s (the tokenizer's metadata) against under a second for this file."""
     from safetensors import safe_open
 
-    from .gguf_loader import attach_gguf_blocks, read_gguf_blocks
+    from .gguf_loader import read_gguf_blocks
 
     blocks_file = folder / BLOCKS_FILE
     if not blocks_file.is_file():  # converted by an older version
         tmp = folder / f".{BLOCKS_FILE}-{os.getpid()}.tmp"
-        _save_blocks(read_gguf_blocks(gguf_path, model.config), tmp)
+        _save_blocks(read_gguf_blocks(gguf_path, config), tmp)
         tmp.replace(blocks_file)
     try:
         with safe_open(str(blocks_file), framework="pt") as f:
             types = json.loads(f.metadata()["types"])
-            blocks = {key: [(t, f.get_tensor(f"{key}.{i}")) for i, t in enumerate(kinds)] for key, kinds in types.items()}
+            return {key: [(t, f.get_tensor(f"{key}.{i}")) for i, t in enumerate(kinds)] for key, kinds in types.items()}
     except Exception as exc:
         raise ModelError(f"{blocks_file} is unreadable ({exc}); delete it to rebuild") from None
-    return attach_gguf_blocks(model, blocks)
 
 
-def _quantize_int8(model: Transformer) -> None:
-    for layer in model.layers:
-        for name in LAYER_MATRICES:
-            weight = layer._parameters.pop(name)
-            setattr(layer, name, kernels.Int8Weight.quantize(weight))
-    head = model._parameters.pop("lm_head", None) if "lm_head" in model._parameters else None
-    model.lm_head = kernels.Int8Weight.quantize(head if head is not None else model.embed)
+def _attach_blocks(model: Transformer, gguf_path: Path, folder: Path) -> int:
+    """Let the float32 model read its GGUF blocks for decode steps (same outputs, fewer bytes per token)."""
+    from .gguf_loader import attach_gguf_blocks
+
+    blocks = _read_blocks(gguf_path, folder, model.config)
+    return attach_gguf_blocks(model, {k: v for k, v in blocks.items() if all(t in kernels.GGUF_KERNEL_TYPES for t, _ in v)})
+
+
+def _matrix_keys(config: ModelConfig) -> list[str]:
+    return [f"layers.{i}.{name}" for i in range(config.n_layers) for name in LAYER_MATRICES] + ["lm_head"]
+
+
+def _load_gguf_int8(gguf_path: Path, folder: Path, device, max_positions) -> Transformer:
+    """The int8 model: each matrix from its GGUF blocks where the int8 kernel reads every part, else its
+    converted float32 weights requantized to Q8_0. Float32 matrices are read only where needed."""
+    config = ModelConfig(**json.loads((folder / "config.json").read_text()))
+    blocks = {key: parts for key, parts in _read_blocks(gguf_path, folder, config).items()
+              if all(t in kernels.QUANT_KERNEL_TYPES for t, _ in parts)}
+    skip = {f"{key}" for key in blocks if key != "lm_head"}
+    if "lm_head" in blocks and not config.tie_embeddings:
+        skip.add("lm_head")
+    model = _load_converted(folder, device, torch.float32, max_positions, skip=frozenset(skip))
+    _to_quant_weights(model, blocks)
+    return model
+
+
+def _to_quant_weights(model: Transformer, blocks: dict | None = None) -> None:
+    """Every layer matrix and the output head as kernels.QuantWeight: from `blocks` where given, else Q8_0."""
+    blocks = blocks or {}
+    for key in _matrix_keys(model.config):
+        owner_path, _, attr = key.rpartition(".")
+        owner = model.get_submodule(owner_path) if owner_path else model
+        if key in blocks:
+            weight = kernels.QuantWeight(blocks[key])
+        else:
+            dense = model.output_weight() if key == "lm_head" else getattr(owner, attr)
+            weight = kernels.QuantWeight.from_dense(dense)
+        owner._parameters.pop(attr, None)
+        setattr(owner, attr, weight)
 
 
 def _finish_native(model: Transformer, weight_dtype: torch.dtype, quantize: str | None = None) -> Transformer:
-    if quantize == "int8":
-        _quantize_int8(model)
+    if quantize == "int8" and not isinstance(model.layers[0].qkv, kernels.QuantWeight):
+        _to_quant_weights(model)
     elif weight_dtype != torch.float32 and model.lm_head is None:
         # Embedding lookups stay float32; the output layer gets its own low-precision copy.
         model.lm_head = torch.nn.Parameter(model.embed.to(weight_dtype), requires_grad=False)
@@ -176,21 +214,26 @@ def load_model(
 ) -> LoadedModel:
     if dtype not in DTYPES and dtype not in QUANTIZED:
         raise ModelError(f"unknown dtype '{dtype}' (choose from {', '.join([*DTYPES, *QUANTIZED])})")
-    quantize = dtype if dtype in QUANTIZED else None
-    weight_dtype = torch.float32 if quantize else DTYPES[dtype]
     device = torch.device(device) if device else default_device()
     started = time.perf_counter()
     path = registry.resolve(name_or_path)
+    if path.is_file() and backend != "transformers":
+        _check_gguf_header(path)  # a bad file is reported before the kernel is compiled for it
+        folder = convert_gguf(path)
+    dtype = _available_precision(dtype, device)
+    quantize = dtype if dtype in QUANTIZED else None
+    weight_dtype = torch.float32 if quantize else DTYPES[dtype]
     blocks = 0
     name = name_or_path if name_or_path in registry.REGISTRY else path.name
     if path.is_file():
         if backend == "transformers":
             raise ModelError("the transformers backend needs a Hugging Face folder, not a GGUF file")
-        _check_gguf_header(path)
-        folder = convert_gguf(path)
         config = ModelConfig(**json.loads((folder / "config.json").read_text()))
         positions = min(max_context or config.context_length, config.context_length)
-        model = _finish_native(_load_converted(folder, device, weight_dtype, positions), weight_dtype, quantize)
+        if quantize == "int8":
+            model = _finish_native(_load_gguf_int8(path, folder, device, positions), weight_dtype, quantize)
+        else:
+            model = _finish_native(_load_converted(folder, device, weight_dtype, positions), weight_dtype, quantize)
         blocks = _attach_blocks(model, path, folder) if dtype == "float32" and kernels.gguf_blocks_enabled(device) else 0
         tokenizer = Tokenizer.from_hf(_load_hf_tokenizer(folder / "tokenizer"))
         used_backend = "native"
@@ -214,6 +257,15 @@ def load_model(
     else:
         raise ModelError(f"model path not found: {path}")
     return LoadedModel(name, path, model, tokenizer, used_backend, dtype, time.perf_counter() - started, blocks)
+
+
+def _available_precision(dtype: str, device: torch.device) -> str:
+    """int8 where its CPU kernel runs; elsewhere (a GPU, no compiler) the same model in float32."""
+    if dtype == "int8" and (device.type != "cpu" or kernels.load_kernel() is None):
+        where = f"on {device.type}" if device.type != "cpu" else kernels.kernel_status()
+        print(f"specdecode: int8 precision needs the CPU kernel ({where}); loading float32", file=sys.stderr)
+        return "float32"
+    return dtype
 
 
 def _check_gguf_header(path: Path) -> None:

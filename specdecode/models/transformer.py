@@ -153,8 +153,11 @@ class Transformer(nn.Module):
         if positions is None:
             positions = torch.arange(start, start + seq, device=self.device)
         # Decode steps and causal verify blocks compute every row exactly as it would be alone (attention
-        # kernel, or PyTorch's row by row); prompt-sized and tree blocks use one masked call.
-        exact_rows = attn_mask is None and seq <= kernels.SKINNY_MAX_ROWS
+        # kernel, or PyTorch's row by row); so do prompts of the int8 model, whose matmuls are row-exact at
+        # any size, so a prompt token's keys and values are those a decode step would write. Other
+        # prompt-sized blocks and trees use one masked call.
+        int8_rows = isinstance(self.layers[0].qkv, kernels.QuantWeight)
+        exact_rows = attn_mask is None and (seq <= kernels.SKINNY_MAX_ROWS or int8_rows)
         if attn_mask is None and not exact_rows:
             attn_mask = causal_mask(start, seq, self.device)
         cos, sin = self._rope(positions)

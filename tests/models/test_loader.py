@@ -278,11 +278,12 @@ def test_smollm2_in_bfloat16_is_close_to_float32(smollm2):
     assert agree >= 0.7, agree
 
 
-def test_smollm2_in_int8_is_close_to_float32(smollm2):
-    from specdecode.kernels import Int8Weight
+def test_smollm2_in_int8_reads_its_gguf_blocks_and_is_close_to_float32(smollm2):
+    from specdecode.kernels import QuantWeight
 
     low = load_model(SMOLLM2, device="cpu", dtype="int8", max_context=64)
-    assert isinstance(low.model.layers[0].qkv, Int8Weight) and isinstance(low.model.lm_head, Int8Weight)
+    assert isinstance(low.model.layers[0].qkv, QuantWeight) and low.model.layers[0].qkv.types == [3, 3, 3]  # Q4_1
+    assert isinstance(low.model.output_weight(), QuantWeight) and low.model.output_weight().types == [8]  # tied Q8_0
     assert low.dtype == "int8" and low.model.embed.dtype == torch.float32  # lookups and the cache stay float32
     tokens = torch.tensor(smollm2.tokenizer.encode("The quick brown fox jumps over the lazy"))
     high_logits = smollm2.model(tokens, smollm2.model.new_cache(64))

@@ -23,36 +23,6 @@ def token_by_token(model, tokens, cache=None):
     return torch.cat([model(tokens[i : i + 1], cache) for i in range(len(tokens))]), cache
 
 
-@pytest.mark.parametrize("int8_activations", [True, False], ids=["int8-activations", "float32-activations"])
-def test_int8_weights_match_their_dequantized_matrix_and_are_row_count_invariant(int8_activations, monkeypatch):
-    from specdecode import kernels
-
-    if kernels.load_kernel() is None:
-        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
-    monkeypatch.setattr(kernels, "INT8_ACTIVATIONS", int8_activations)
-    gen = torch.Generator().manual_seed(3)
-    dense = torch.randn(70, 64, generator=gen)
-    weight = kernels.Int8Weight.quantize(dense)
-    assert weight.data.dtype == torch.int8 and weight.scale.shape == (70,)
-    torch.testing.assert_close(weight.dequantize(), dense, rtol=0, atol=float(dense.abs().max()) / 127)
-    bias = torch.randn(70, generator=gen)
-    reference_weight = weight.dequantize()
-    for rows in (1, 2, 3, 5, 16, 17, 40, kernels.LOW_PRECISION_CHUNKED_MAX_ROWS + 3):  # kernel, chunked kernel, dequantized GEMM
-        x = torch.randn(rows, 64, generator=gen)
-        y = kernels.linear(x, weight, bias)
-        error = (y - (x @ reference_weight.T + bias)).abs().max()
-        if int8_activations and rows <= kernels.LOW_PRECISION_CHUNKED_MAX_ROWS:
-            # each activation moves by at most half its block's step (block absmax / 127)
-            bound = float((reference_weight.abs().sum(1) * x.abs().max()).max()) / 254
-            assert 0 < error <= bound
-        else:
-            assert error <= 1e-4
-        if rows <= kernels.SKINNY_MAX_ROWS:
-            assert torch.equal(y[-1:], kernels.linear(x[-1:], weight, bias))
-    subset = weight.index_select(0, torch.tensor([3, 0, 69]))
-    assert torch.equal(subset.data, weight.data[[3, 0, 69]]) and torch.equal(subset.scale, weight.scale[[3, 0, 69]])
-
-
 def random_gguf_blocks(qtype, rows: int, cols: int, seed: int) -> np.ndarray:
     """[rows, bytes] of random blocks of a ggml type, with every float16 scale finite and moderate."""
     import gguf

@@ -1,0 +1,183 @@
+// The int8 target: y = x @ w.T with w in GGUF blocks and x quantized to int8, for 1 to 16 rows.
+//
+// This is how llama.cpp computes a GGUF model on a CPU (integer dot products of weight blocks with
+// int8 activations), with one difference that makes speculative decoding exact: every row's result
+// is independent of the other rows in the call, of their number and of the thread split (see
+// quant_dot_impl.h). A verify block of K+1 rows therefore returns, row for row, the bits that K+1
+// single decoding steps return.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "avx2_math.h"
+
+#define QD_VNNI 0
+namespace qd_avx2 {
+#include "quant_dot_impl.h"
+}
+#undef QD_VNNI
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
+namespace qd_vnni {
+#define QD_VNNI 1
+#include "quant_dot_impl.h"
+#undef QD_VNNI
+}
+#pragma GCC pop_options
+
+namespace {
+
+bool cpu_has_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512vnni");
+}
+
+// Symmetric int8, one scale per QB values of a row: d = max|x| / 127, q = round-to-nearest-even(x * 127 / max|x|).
+// Also the sums of every 16 (k-quant format) or 32 (32-block format) quantized values, which the weight
+// types with an offset (q - 32, q - 16, + min) need. Depends on the row's own values only.
+template <int QB>
+void quantize_rows(const float* x, int64_t M, int64_t in, int8_t* q, float* d, int16_t* sums16, int16_t* sums32_16,
+                   int32_t* sums32) {
+  const int64_t nb = in / QB;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* v = x + m * in + b * QB;
+      int8_t* out = q + m * in + b * QB;
+      float amax = 0.0f;
+      for (int i = 0; i < QB; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      d[m * nb + b] = amax / 127.0f;
+      int32_t total = 0;
+      for (int i = 0; i < QB; ++i) {
+        const int32_t r = (int32_t)std::nearbyint(v[i] * inv);
+        out[i] = (int8_t)std::max(-127, std::min(127, r));
+        total += out[i];
+      }
+      if (sums32) sums32[m * nb + b] = total;
+      if (sums32_16)
+        for (int g = 0; g < QB / 32; ++g) {
+          int32_t s = 0;
+          for (int i = 0; i < 32; ++i) s += out[32 * g + i];
+          sums32_16[(m * nb + b) * (QB / 32) + g] = (int16_t)s;
+        }
+      if (sums16)
+        for (int g = 0; g < QB / 16; ++g) {
+          int32_t s = 0;
+          for (int i = 0; i < 16; ++i) s += out[16 * g + i];
+          sums16[(m * nb + b) * (QB / 16) + g] = (int16_t)s;
+        }
+    }
+}
+
+bool is_k_type(int64_t type) { return type == 12 || type == 14; }
+
+// Block size (weights) and bytes of a ggml type this kernel reads; {0, 0} for others.
+std::pair<int64_t, int64_t> block_shape(int64_t type) {
+  std::pair<int64_t, int64_t> shape{0, 0};
+  qd_avx2::visit_type(type, [&](auto b) { shape = {decltype(b)::QK, decltype(b)::BYTES}; });
+  return shape;
+}
+
+}  // namespace
+
+std::vector<int64_t> quant_block_types() {
+  std::vector<int64_t> types;
+  for (int64_t t = 0; t < 64; ++t)
+    if (block_shape(t).first) types.push_back(t);
+  return types;
+}
+
+std::string quant_isa() { return cpu_has_vnni() ? "avx512-vnni" : "avx2"; }
+
+// x: [..., in] float32, at most 16 rows. parts: [rows_i, bytes per row] uint8 GGUF blocks of the given
+// types, stacked along the output dimension. isa: "auto", "avx2" or "avx512-vnni". perturb_row >= 0
+// breaks that row's summation order on purpose (tests only).
+torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types,
+                               std::string isa, int64_t perturb_row) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "quant_linear: x must be float32 on the CPU");
+  TORCH_CHECK(parts.size() == types.size() && !parts.empty(), "quant_linear: one type per part");
+  auto xc = x.contiguous();
+  const int64_t in = xc.size(-1), M = xc.numel() / in;
+  TORCH_CHECK(M >= 1 && M <= qd_avx2::MAX_M, "quant_linear: 1 to 16 rows per call");
+  bool need_k = false, need_32 = false;
+  int64_t O = 0;
+  std::vector<const uint8_t*> ptrs;
+  std::vector<int64_t> rows_of;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto [qk, bytes] = block_shape(types[i]);
+    TORCH_CHECK(qk > 0, "quant_linear: unsupported block type ", types[i]);
+    const auto& p = parts[i];
+    TORCH_CHECK(p.scalar_type() == at::kByte && p.dim() == 2 && p.is_contiguous(), "quant_linear: parts must be contiguous uint8 matrices");
+    TORCH_CHECK(in % qk == 0 && p.size(1) == in / qk * bytes, "quant_linear: row size does not match the input size");
+    (is_k_type(types[i]) ? need_k : need_32) = true;
+    ptrs.push_back(p.data_ptr<uint8_t>());
+    rows_of.push_back(p.size(0));
+    O += p.size(0);
+  }
+  if (isa == "auto") isa = quant_isa();
+  TORCH_CHECK(isa == "avx2" || (isa == "avx512-vnni" && cpu_has_vnni()), "quant_linear: instruction set '", isa, "' is not available");
+  // Reused per calling thread: no allocation per decoding step.
+  static thread_local std::vector<int8_t> kq, bq;
+  static thread_local std::vector<float> kd, kd_by_block, bd;
+  static thread_local std::vector<int16_t> kbsum, kbsum32;
+  static thread_local std::vector<int32_t> bsum;
+  const float* xp = xc.data_ptr<float>();
+  if (need_k) {
+    kq.resize(M * in), kd.resize(M * in / 256), kbsum.resize(M * in / 16), kbsum32.resize(M * in / 32);
+    quantize_rows<256>(xp, M, in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), nullptr);
+    const int64_t nsb = in / 256;
+    kd_by_block.assign(nsb * (M + 8), 0.0f);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t b = 0; b < nsb; ++b) kd_by_block[b * (M + 8) + m] = kd[m * nsb + b];
+  }
+  if (need_32) {
+    bq.resize(M * in), bd.resize(M * in / 32), bsum.resize(M * in / 32);
+    quantize_rows<32>(xp, M, in, bq.data(), bd.data(), nullptr, nullptr, bsum.data());
+  }
+  auto out_sizes = xc.sizes().vec();
+  out_sizes.back() = O;
+  auto y = torch::empty(out_sizes, xc.options());
+  float* yp = y.data_ptr<float>();
+  if (isa == "avx512-vnni") {
+    const qd_vnni::Act act{in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), kd_by_block.data(), M, bq.data(), bd.data(), bsum.data()};
+    qd_vnni::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
+  } else {
+    const qd_avx2::Act act{in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), kd_by_block.data(), M, bq.data(), bd.data(), bsum.data()};
+    qd_avx2::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
+  }
+  return y;
+}
+
+// Float32 weights to Q8_0 blocks (one fp16 scale per 32 weights), for matrices whose GGUF type the
+// kernel cannot read (or that came from a Hugging Face folder): the int8 model then still runs every
+// matmul through quant_linear.
+torch::Tensor quantize_q8_0_cpu(torch::Tensor w) {
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 2 && w.size(1) % 32 == 0, "quantize_q8_0: float32 [rows, 32k] expected");
+  auto wc = w.contiguous();
+  const int64_t rows = wc.size(0), in = wc.size(1), nb = in / 32;
+  auto out = torch::empty({rows, nb * 34}, torch::kUInt8);
+  const float* wp = wc.data_ptr<float>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  at::parallel_for(0, rows, 64, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r)
+      for (int64_t k = 0; k < nb; ++k) {
+        const float* v = wp + r * in + 32 * k;
+        uint8_t* blk = op + (r * nb + k) * 34;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+        const uint16_t dh = _cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT);
+        const float d = _cvtsh_ss(dh);
+        const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+        memcpy(blk, &dh, 2);
+        for (int i = 0; i < 32; ++i) blk[2 + i] = (uint8_t)(int8_t)std::max(-127, std::min(127, (int)std::nearbyint(v[i] * inv)));
+      }
+  });
+  return out;
+}

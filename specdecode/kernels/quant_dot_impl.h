@@ -1,0 +1,438 @@
+// Integer matmul over GGUF blocks: the body shared by the instruction-set paths.
+//
+// quant_dot.cpp includes this file twice, into two namespaces: once as plain AVX2, once under a
+// target pragma with QD_VNNI set, where the byte and word multiply-adds fuse into AVX-512 VNNI
+// instructions and the compiler has 32 vector registers. Both paths compute the same integers and
+// run the same float operations in the same order, so they return the same bits.
+//
+// How one output is computed, and why it does not depend on the block it sits in:
+// - Each activation row was quantized on its own (quant_dot.cpp): int8 values with one scale per
+//   256 values for the k-quant types, per 32 for the others, plus small integer sums of those values.
+// - Per weight block, the products of weight and activation integers are summed exactly in int32
+//   vector lanes (integer addition has no rounding, so the order of the lanes' work is free).
+// - Each block then adds to the row's float accumulators in block order: one FMA on the 8 lanes with
+//   the product of the two scales, and, for types with an offset, one scalar FMA. The final result is
+//   a fixed horizontal sum of the lanes plus the scalar. No step looks at another activation row, the
+//   number of rows in the call or the thread that runs it.
+
+#ifndef QD_VNNI
+#define QD_VNNI 0
+#endif
+
+constexpr int MAX_M = 16;  // activation rows per call: a decode step, a verify block, a prefill chunk
+
+// The quantized activations of one call (see quantize_* in quant_dot.cpp).
+struct Act {
+  int64_t in;
+  const int8_t* kq;       // [M][in] int8, one scale per 256 (k-quant types)
+  const float* kd;        // [M][in/256]
+  const int16_t* kbsum;   // [M][in/256][16] sums of 16 consecutive values
+  const int16_t* kbsum32; // [M][in/256][8] sums of 32 consecutive values
+  const float* kd_by_block;  // [in/256][M + 8]: kd transposed (padded), the scales of all tokens per block
+  int64_t M;
+  const int8_t* bq;       // [M][in] int8, one scale per 32 (32-weight block types)
+  const float* bd;        // [M][in/32]
+  const int32_t* bsum;    // [M][in/32] sums of the 32 values
+};
+
+// Integer multiply-add of 32 weight bytes (unsigned, 0..63 or |w| <= 128) with 32 activation bytes:
+// pairs into int16 (no saturation for these ranges), then words times s16 into the 8 int32 lanes.
+// FUSED: the VNNI forms, for tiles with several independent accumulators; a lone accumulator would wait
+// on their latency at every step, where the separate add takes one cycle. Same integers either way.
+template <bool FUSED>
+static inline __m256i mad_scaled(__m256i acc, __m256i u, __m256i x, __m256i s16) {
+#if QD_VNNI
+  if (FUSED) return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, x), s16);
+#endif
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), s16));
+}
+
+template <bool FUSED>
+static inline __m256i mad(__m256i acc, __m256i u, __m256i x) {
+#if QD_VNNI
+  if (FUSED) return _mm256_dpbusd_epi32(acc, u, x);
+#endif
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+}
+
+static inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+static inline float f16(const uint8_t* p) { return _cvtsh_ss(*(const uint16_t*)p); }
+
+// What one activation block offers a weight block: its bytes, scale and integer sums.
+struct XBlock {
+  const int8_t* q;
+  float d;
+  const int16_t* bsum16;  // k-quant format
+  const int16_t* bsum32;
+  int32_t sum32;          // 32-block format
+};
+
+// ---- block types: load() reads one weight block, weights(j) gives its j-th 32 bytes ready for mad,
+// scale(j) the int16 multipliers of those bytes (k-quants), fold() integers added to the exact sum
+// (where FOLD), offset() an integer with its own float scale (off_scale). The value of a block's dot
+// product is d * dx * (sum + fold) + off_scale * dx * offset.
+
+// Broadcast word w (0..7) of each 128-bit lane of v to that whole lane (a compile-time w in every caller).
+static inline __m256i lane_word(__m256i v, int w_lo, int w_hi) {
+  const __m256i ctrl = _mm256_setr_epi8(2 * w_lo, 2 * w_lo + 1, 2 * w_lo, 2 * w_lo + 1, 2 * w_lo, 2 * w_lo + 1, 2 * w_lo, 2 * w_lo + 1,
+                                        2 * w_lo, 2 * w_lo + 1, 2 * w_lo, 2 * w_lo + 1, 2 * w_lo, 2 * w_lo + 1, 2 * w_lo, 2 * w_lo + 1,
+                                        2 * w_hi, 2 * w_hi + 1, 2 * w_hi, 2 * w_hi + 1, 2 * w_hi, 2 * w_hi + 1, 2 * w_hi, 2 * w_hi + 1,
+                                        2 * w_hi, 2 * w_hi + 1, 2 * w_hi, 2 * w_hi + 1, 2 * w_hi, 2 * w_hi + 1, 2 * w_hi, 2 * w_hi + 1);
+  return _mm256_shuffle_epi8(v, ctrl);
+}
+
+struct Q4K {  // 8 sub-blocks of 32: 4-bit q, 6-bit scale and min each; w = d*sc*q - dmin*m
+  static constexpr int QK = 256, BYTES = 144, SUB = 8;
+  static constexpr bool K = true, SIGNED = false, OFFSET = true;
+  const uint8_t* q;
+  float d, off_scale;
+  __m256i scales;  // both lanes: the 8 scales as int16
+  __m128i mins;    // the 8 mins as int16
+  // The 12 scale bytes hold eight 6-bit scales and eight 6-bit mins: bytes 0-3 the low 6 bits of scales
+  // 0-3, bytes 4-7 those of mins 0-3, bytes 8-11 the low nibbles of scales 4-7 and mins 4-7, and the top
+  // two bits of bytes 0-7 the high bits of scales 4-7 and mins 4-7. Unpacked four bytes at a time.
+  inline void load(const uint8_t* b) {
+    d = f16(b);
+    off_scale = -f16(b + 2);
+    uint32_t w[3];
+    memcpy(w, b + 4, 12);
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    const uint32_t sc_lo = w[0] & low6, mn_lo = w[1] & low6;
+    const uint32_t sc_hi = (w[2] & low4) | (((w[0] >> 6) & low2) << 4);
+    const uint32_t mn_hi = ((w[2] >> 4) & low4) | (((w[1] >> 6) & low2) << 4);
+    const __m256i both = _mm256_cvtepu8_epi16(_mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mn_lo, (int)mn_hi));
+    scales = _mm256_permute2x128_si256(both, both, 0x00);
+    mins = _mm256_extracti128_si256(both, 1);
+    q = b + 16;
+  }
+  // byte group j/2 holds sub-block j in its low nibbles (j even) or high nibbles (j odd)
+  inline __m256i weights(int j) const {
+    const __m256i bytes = _mm256_loadu_si256((const __m256i*)(q + 32 * (j >> 1)));
+    return _mm256_and_si256(j & 1 ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(15));
+  }
+  inline __m256i scale(int j) const { return lane_word(scales, j, j); }
+  static constexpr bool FOLD = false;
+  inline __m256i fold(const XBlock&) const { return _mm256_setzero_si256(); }
+  inline __m128i offset_parts(const XBlock& x) const {  // min * (sum of the sub-block's 32 activations), in pairs
+    return _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i*)x.bsum32));
+  }
+  inline int32_t offset(const XBlock& x) const {
+    const __m128i s = offset_parts(x);
+    const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+  }
+  template <int T>
+  inline __m256i offsets(const XBlock* x) const {  // lane t: offset(x[t]), T tokens reduced together
+    __m128i v[8];
+    for (int t = 0; t < 8; ++t) v[t] = t < T ? offset_parts(x[t]) : _mm_setzero_si128();
+    const __m128i lo = _mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3]));
+    const __m128i hi = _mm_hadd_epi32(_mm_hadd_epi32(v[4], v[5]), _mm_hadd_epi32(v[6], v[7]));
+    return _mm256_set_m128i(hi, lo);
+  }
+};
+
+struct Q6K {  // 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales (per 16), fp16 d; w = d*sc*(q-32)
+  static constexpr int QK = 256, BYTES = 210, SUB = 8;
+  static constexpr bool K = true, SIGNED = false, OFFSET = false;
+  const uint8_t* ql;
+  float d, off_scale;
+  __m256i minus32sc;       // -32 times each of the 16 scales, as int16
+  __m256i first, second;   // both lanes: scales 0-7, scales 8-15
+  inline void load(const uint8_t* b) {
+    d = f16(b + 208);
+    off_scale = 0.0f;
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 192)));
+    minus32sc = _mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32));
+    first = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+    second = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+    ql = b;
+  }
+  // Sub-block j = (half j/4, t = j%4): weights 128*half + 32t .. +31, unsigned 0..63; low nibbles from
+  // ql[64*half + 32*(t&1)] (high nibble when t >= 2), bits 2t..2t+1 of qh[32*half + i] on top.
+  inline __m256i weights(int j) const {
+    const int half = j >> 2, t = j & 3;
+    __m256i l = _mm256_loadu_si256((const __m256i*)(ql + 64 * half + 32 * (t & 1)));
+    l = _mm256_and_si256(t >> 1 ? _mm256_srli_epi16(l, 4) : l, _mm256_set1_epi8(15));
+    __m256i h = _mm256_loadu_si256((const __m256i*)(ql + 128 + 32 * half));
+    h = t == 0 ? _mm256_slli_epi16(h, 4) : t == 1 ? _mm256_slli_epi16(h, 2) : t == 2 ? h : _mm256_srli_epi16(h, 2);
+    return _mm256_or_si256(l, _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
+  }
+  // bytes 0..15 of sub-block j use scale 2j, bytes 16..31 scale 2j+1
+  inline __m256i scale(int j) const { return lane_word(j < 4 ? first : second, (2 * j) & 7, (2 * j + 1) & 7); }
+  static constexpr bool FOLD = true;
+  inline __m256i fold(const XBlock& x) const {  // the -32 of every weight: -32 * scale * 16-value sums
+    return _mm256_madd_epi16(minus32sc, _mm256_loadu_si256((const __m256i*)x.bsum16));
+  }
+  inline int32_t offset(const XBlock&) const { return 0; }
+  template <int T>
+  inline __m256i offsets(const XBlock*) const { return _mm256_setzero_si256(); }
+};
+
+// 32-weight blocks: nibbles of 16 bytes, weights 0..15 low, 16..31 high.
+static inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128((const __m128i*)qs);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(15));
+}
+
+struct Q4_0 {  // w = d*(q - 8)
+  static constexpr int QK = 32, BYTES = 18, SUB = 1;
+  static constexpr bool K = false, SIGNED = false, OFFSET = false;
+  const uint8_t* b;
+  float d, off_scale;
+  inline void load(const uint8_t* p) { b = p; d = f16(p); off_scale = 0.0f; }
+  inline __m256i weights(int) const { return nibbles32(b + 2); }
+  inline __m256i scale(int) const { return _mm256_set1_epi16(1); }
+  static constexpr bool FOLD = true;
+  inline __m256i fold(const XBlock& x) const { return _mm256_setr_epi32(-8 * x.sum32, 0, 0, 0, 0, 0, 0, 0); }
+  inline int32_t offset(const XBlock&) const { return 0; }
+  template <int T>
+  inline __m256i offsets(const XBlock*) const { return _mm256_setzero_si256(); }
+};
+
+struct Q4_1 {  // w = d*q + m
+  static constexpr int QK = 32, BYTES = 20, SUB = 1;
+  static constexpr bool K = false, SIGNED = false, OFFSET = true;
+  const uint8_t* b;
+  float d, off_scale;
+  inline void load(const uint8_t* p) { b = p; d = f16(p); off_scale = f16(p + 2); }
+  inline __m256i weights(int) const { return nibbles32(b + 4); }
+  inline __m256i scale(int) const { return _mm256_set1_epi16(1); }
+  static constexpr bool FOLD = false;
+  inline __m256i fold(const XBlock&) const { return _mm256_setzero_si256(); }
+  inline int32_t offset(const XBlock& x) const { return x.sum32; }
+};
+
+struct Q5_0 {  // w = d*(q - 16), q = nibble | fifth bit (bit i of qh for weight i) << 4
+  static constexpr int QK = 32, BYTES = 22, SUB = 1;
+  static constexpr bool K = false, SIGNED = false, OFFSET = false;
+  const uint8_t* b;
+  float d, off_scale;
+  inline void load(const uint8_t* p) { b = p; d = f16(p); off_scale = 0.0f; }
+  inline __m256i weights(int) const {
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    // byte i takes byte i/8 of qh, keeps bit i%8, and becomes 0x10 where that bit is set
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(nibbles32(b + 6), high);
+  }
+  inline __m256i scale(int) const { return _mm256_set1_epi16(1); }
+  static constexpr bool FOLD = true;
+  inline __m256i fold(const XBlock& x) const { return _mm256_setr_epi32(-16 * x.sum32, 0, 0, 0, 0, 0, 0, 0); }
+  inline int32_t offset(const XBlock&) const { return 0; }
+  template <int T>
+  inline __m256i offsets(const XBlock*) const { return _mm256_setzero_si256(); }
+};
+
+struct Q8_0 {  // w = d*q, q signed: multiplied as |q| times x with q's sign
+  static constexpr int QK = 32, BYTES = 34, SUB = 1;
+  static constexpr bool K = false, SIGNED = true, OFFSET = false;
+  const uint8_t* b;
+  float d, off_scale;
+  inline void load(const uint8_t* p) { b = p; d = f16(p); off_scale = 0.0f; }
+  inline __m256i weights(int) const { return _mm256_loadu_si256((const __m256i*)(b + 2)); }
+  inline __m256i scale(int) const { return _mm256_set1_epi16(1); }
+  static constexpr bool FOLD = false;
+  inline __m256i fold(const XBlock&) const { return _mm256_setzero_si256(); }
+  inline int32_t offset(const XBlock&) const { return 0; }
+  template <int T>
+  inline __m256i offsets(const XBlock*) const { return _mm256_setzero_si256(); }
+};
+
+// Lane t of the result: the sum of the 8 int32 lanes of s[t] (exact), for t < T; 0 above.
+template <int T>
+inline __m256i lane_sums(const __m256i* s) {
+  __m256i v[8];
+  for (int t = 0; t < 8; ++t) v[t] = t < T ? s[t] : _mm256_setzero_si256();
+  const __m256i q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20), _mm256_permute2x128_si256(q0, q1, 0x31));
+}
+
+// One weight row against tokens t0..t0+T-1, over the whole row. Per weight block and token: an exact
+// integer sum s, then acc = fma(float(s), d * dx, acc) (and the same for an offset term), block after
+// block; the result is acc + offset. T = 1 runs it in scalar registers, T > 1 in one vector lane per
+// token: the same IEEE operations either way. perturb_token >= 0 splits that token's sum into even and
+// odd blocks, added at the end: a deliberately broken variant for the tests that must catch it.
+template <class B, int T>
+void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
+  const int64_t nblk = a.in / B::QK;
+  const bool perturb = perturb_token >= t0 && perturb_token < t0 + T;
+  float acc1 = 0.0f, off1 = 0.0f, odd1 = 0.0f;  // T == 1
+  __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+  const __m256 perturb_lane = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                                     _mm256_set1_epi32((int)(perturb_token - t0))));
+  const int8_t* xq[T];
+  const int16_t *xs16[T], *xs32[T];
+  for (int t = 0; t < T; ++t) {
+    xq[t] = a.kq + (t0 + t) * a.in;
+    xs16[t] = a.kbsum + (t0 + t) * nblk * 16;
+    xs32[t] = a.kbsum32 + (t0 + t) * nblk * 8;
+  }
+  const __m256i token_lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(T), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    B b;
+    b.load(w + blk * B::BYTES);
+    XBlock xb[T];
+    __m256i s[T];
+    for (int t = 0; t < T; ++t) {
+      xb[t] = {xq[t] + blk * 256, T == 1 ? a.kd[(t0 + t) * nblk + blk] : 0.0f, xs16[t] + blk * 16, xs32[t] + blk * 8, 0};
+      s[t] = B::FOLD ? b.fold(xb[t]) : _mm256_setzero_si256();
+    }
+#if QD_VNNI
+    if constexpr (T >= 2) {  // two sub-blocks per 512-bit step: half the instructions, the same integers
+      __m512i wide[T];
+      for (int t = 0; t < T; ++t) wide[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int jp = 0; jp < B::SUB / 2; ++jp) {
+        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(b.weights(2 * jp)), b.weights(2 * jp + 1), 1);
+        const __m512i sc = _mm512_inserti64x4(_mm512_castsi256_si512(b.scale(2 * jp)), b.scale(2 * jp + 1), 1);
+        for (int t = 0; t < T; ++t)
+          wide[t] = _mm512_dpwssd_epi32(wide[t], _mm512_maddubs_epi16(wv, _mm512_loadu_si512(xb[t].q + 64 * jp)), sc);
+      }
+      for (int t = 0; t < T; ++t)
+        s[t] = _mm256_add_epi32(s[t], _mm256_add_epi32(_mm512_castsi512_si256(wide[t]), _mm512_extracti64x4_epi64(wide[t], 1)));
+    } else
+#endif
+#pragma GCC unroll 8
+    for (int j = 0; j < B::SUB; ++j) {
+      const __m256i wv = b.weights(j);
+      const __m256i wa = B::SIGNED ? _mm256_sign_epi8(wv, wv) : wv;  // |w| as unsigned bytes (128 for -128)
+      const __m256i sc = b.scale(j);
+      for (int t = 0; t < T; ++t) {
+        const __m256i x = _mm256_loadu_si256((const __m256i*)(xb[t].q + 32 * j));
+        if (B::SIGNED) s[t] = mad<(T >= 4)>(s[t], wa, _mm256_sign_epi8(x, wv));
+        else if (B::SUB > 1) s[t] = mad_scaled<(T >= 4)>(s[t], wv, x, sc);
+        else s[t] = mad<(T >= 4)>(s[t], wv, x);
+      }
+    }
+    const bool to_odd = perturb && (blk & 1);
+    if (T == 1) {
+      const float prod = b.d * xb[0].d;
+      float& sink = to_odd ? odd1 : acc1;
+      sink = std::fma((float)hsum_i32(s[0]), prod, sink);
+      if (B::OFFSET) off1 = std::fma((float)b.offset(xb[0]), b.off_scale * xb[0].d, off1);
+      continue;
+    }
+    const __m256 dxv = _mm256_maskload_ps(a.kd_by_block + blk * (a.M + 8) + t0, token_lanes);
+    const __m256 sums = _mm256_cvtepi32_ps(lane_sums<T>(s));
+    const __m256 prod = _mm256_mul_ps(_mm256_set1_ps(b.d), dxv);
+    if (to_odd) {
+      odd = _mm256_blendv_ps(odd, _mm256_fmadd_ps(sums, prod, odd), perturb_lane);
+      acc = _mm256_blendv_ps(_mm256_fmadd_ps(sums, prod, acc), acc, perturb_lane);
+    } else {
+      acc = _mm256_fmadd_ps(sums, prod, acc);
+    }
+    if (B::OFFSET)
+      off = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b.template offsets<T>(xb)), _mm256_mul_ps(_mm256_set1_ps(b.off_scale), dxv), off);
+  }
+  if (T == 1) {
+    y[0] = (perturb ? acc1 + odd1 : acc1) + off1;
+    return;
+  }
+  alignas(32) float lanes[8], odds[8], offsets[8];
+  _mm256_store_ps(lanes, acc);
+  _mm256_store_ps(odds, odd);
+  _mm256_store_ps(offsets, off);
+  for (int t = 0; t < T; ++t) y[t * ldy] = (t0 + t == perturb_token ? lanes[t] + odds[t] : lanes[t]) + offsets[t];
+}
+
+// The 32-weight block types: one weight block is only 32 products per token, too few to pay for a
+// reduction to one integer, so each token keeps 8 float lanes, as llama.cpp does: per block
+// acc = fma(float(s), d * dx, acc) lane by lane (and a scalar fma for an offset), and at the end a fixed
+// horizontal sum of the lanes plus the offset. Each token's lanes see the same operations whatever T is.
+template <class B, int T>
+void tile_lanes(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
+  const int64_t nblk = a.in / B::QK;
+  __m256 acc[T], odd[T];
+  float off[T];
+  for (int t = 0; t < T; ++t) acc[t] = odd[t] = _mm256_setzero_ps(), off[t] = 0.0f;
+  const int8_t* xq[T];
+  const float* xd[T];
+  const int32_t* xs[T];
+  for (int t = 0; t < T; ++t) {
+    xq[t] = a.bq + (t0 + t) * a.in;
+    xd[t] = a.bd + (t0 + t) * nblk;
+    xs[t] = a.bsum + (t0 + t) * nblk;
+  }
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    B b;
+    b.load(w + blk * B::BYTES);
+    const __m256i wv = b.weights(0);
+    const __m256i wa = B::SIGNED ? _mm256_sign_epi8(wv, wv) : wv;
+    for (int t = 0; t < T; ++t) {
+      const XBlock xb{xq[t] + 32 * blk, xd[t][blk], nullptr, nullptr, xs[t][blk]};
+      const __m256i x = _mm256_loadu_si256((const __m256i*)xb.q);
+      __m256i s = B::FOLD ? b.fold(xb) : _mm256_setzero_si256();
+      s = B::SIGNED ? mad<false>(s, wa, _mm256_sign_epi8(x, wv)) : mad<false>(s, wv, x);
+      __m256& sink = (t0 + t == perturb_token && (blk & 1)) ? odd[t] : acc[t];
+      sink = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(b.d * xb.d), sink);
+      if (B::OFFSET) off[t] = std::fma((float)b.offset(xb), b.off_scale * xb.d, off[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    y[t * ldy] = (t0 + t == perturb_token ? hsum(acc[t]) + hsum(odd[t]) : hsum(acc[t])) + off[t];
+}
+
+constexpr int TOKENS = 8;  // tokens per tile: one float lane each (k-quants), 8 float lanes each (others)
+
+// One weight row against every token: groups of TOKENS, then the remainder.
+template <class B, int T = TOKENS>
+void row_tokens(const Act& a, int64_t t, int64_t M, const uint8_t* w, float* y, int64_t ldy, int64_t perturb) {
+  if constexpr (T == 0) {
+    return;
+  } else {
+    for (; t + T <= M; t += T) {
+      if constexpr (B::K) tile<B, T>(a, t, w, y + t * ldy, ldy, perturb);
+      else tile_lanes<B, T>(a, t, w, y + t * ldy, ldy, perturb);
+    }
+    row_tokens<B, T - 1>(a, t, M, w, y, ldy, perturb);
+  }
+}
+
+// All O rows of one part, split into chunks that threads take as they come free: a thread slowed by
+// another process on its core takes fewer chunks instead of holding every other thread at the barrier.
+template <class B>
+void run_part(const Act& a, int64_t M, const uint8_t* w, int64_t O, float* y, int64_t ldy, int64_t perturb) {
+  const int64_t wstride = a.in / B::QK * B::BYTES;
+  const int64_t chunk_rows = 32;
+  const int64_t chunks = (O + chunk_rows - 1) / chunk_rows;
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1))
+      for (int64_t o = c * chunk_rows; o < std::min(O, (c + 1) * chunk_rows); ++o)
+        row_tokens<B>(a, 0, M, w + o * wstride, y + o, ldy, perturb);
+  });
+}
+
+// Calls f with a value of the block type for a ggml type id; false for a type the kernel cannot read.
+template <class F>
+bool visit_type(int64_t type, F&& f) {
+  switch (type) {
+    case 2: f(Q4_0{}); return true;
+    case 3: f(Q4_1{}); return true;
+    case 6: f(Q5_0{}); return true;
+    case 8: f(Q8_0{}); return true;
+    case 12: f(Q4K{}); return true;
+    case 14: f(Q6K{}); return true;
+    default: return false;
+  }
+}
+
+void run_all(const Act& a, int64_t M, const std::vector<const uint8_t*>& parts, const std::vector<int64_t>& rows_of,
+             const std::vector<int64_t>& types, float* y, int64_t O, int64_t perturb) {
+  int64_t col = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    visit_type(types[i], [&](auto b) { run_part<decltype(b)>(a, M, parts[i], rows_of[i], y + col, O, perturb); });
+    col += rows_of[i];
+  }
+}

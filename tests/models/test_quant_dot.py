@@ -1,0 +1,143 @@
+"""The int8 target's matmul (kernels/quant_dot.cpp): right values, and every row of a block bitwise equal
+to the same row computed alone, for every block type and instruction-set path the machine has."""
+import numpy as np
+import pytest
+import torch
+
+from specdecode import kernels
+
+TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q8_0")
+# float16 fields of each block type, as byte offsets (random bytes there could be inf or NaN)
+SCALE_OFFSETS = {"Q6_K": [208], "Q4_K": [0, 2], "Q4_1": [0, 2], "Q8_0": [0], "Q4_0": [0], "Q5_0": [0]}
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = kernels.load_kernel()
+    if k is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    return k
+
+
+def isa_paths(kernel) -> list[str]:
+    return ["avx2"] + (["avx512-vnni"] if kernel.quant_isa() == "avx512-vnni" else [])
+
+
+def random_blocks(name: str, rows: int, cols: int, seed: int) -> np.ndarray:
+    """[rows, bytes] of random blocks of a ggml type, every float16 scale finite and moderate."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[name]
+    block_weights, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // block_weights, block_bytes), dtype=np.uint8)
+    for offset in SCALE_OFFSETS[name]:
+        scales = rng.uniform(1e-3, 2e-2, size=len(blocks)).astype(np.float16)
+        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def quantized_activations(x: np.ndarray, block: int) -> np.ndarray:
+    """The kernel's activation rounding, in float64: int8 with one scale (max|x|/127) per block of a row."""
+    v = x.astype(np.float32).reshape(x.shape[0], -1, block)
+    amax = np.abs(v).max(-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(v * inv), -127, 127)
+    return (q * (amax.astype(np.float64) / 127)).reshape(x.shape)
+
+
+def make_parts(names, rows_each, cols, seed=0):
+    import gguf
+
+    parts, dense = [], []
+    for i, name in enumerate(names):
+        blocks = random_blocks(name, rows_each + 3 * i, cols, seed + i)
+        qtype = gguf.GGMLQuantizationType[name]
+        parts.append((int(qtype), torch.from_numpy(blocks)))
+        dense.append(gguf.quants.dequantize(blocks, qtype).astype(np.float64))
+    return parts, np.concatenate(dense)
+
+
+def run(kernel, x, parts, isa="auto", perturb=-1):
+    return kernel.quant_linear(x, [p for _, p in parts], [t for t, _ in parts], isa, perturb)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_values_are_the_dequantized_weights_times_the_quantized_activations(kernel, name):
+    """Against float64 arithmetic on the same integers: only float32 rounding of the scales may differ,
+    so a wrong nibble, bit or scale shows as a large error."""
+    cols = 512
+    parts, dense = make_parts([name], 13, cols)
+    x = torch.randn(5, cols, generator=torch.Generator().manual_seed(1))
+    reference = quantized_activations(x.numpy(), 256 if name.endswith("_K") else 32) @ dense.T
+    for isa in isa_paths(kernel):
+        y = run(kernel, x, parts, isa).numpy()
+        scale = np.abs(reference).max()
+        assert np.abs(y - reference).max() <= 1e-5 * scale, (name, isa)
+    # and close to the float product the int8 activations approximate
+    exact = x.numpy().astype(np.float64) @ dense.T
+    assert np.abs(y - exact).max() <= 0.05 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("names", [(n,) for n in TYPES] + [("Q4_K", "Q4_K", "Q6_K"), ("Q5_0", "Q8_0")])
+def test_each_row_of_a_block_is_bitwise_the_row_alone(kernel, names):
+    """Blocks of 1..16 rows, every row against the same row alone, on each instruction-set path; the
+    paths agree with each other too. Row counts of the weight leave tile and chunk remainders."""
+    cols = 768 if any(n.endswith("_K") for n in names) else 224
+    parts, _ = make_parts(names, 70, cols, seed=5)
+    x = torch.randn(16, cols, generator=torch.Generator().manual_seed(2)) * 3
+    outputs = {}
+    for isa in isa_paths(kernel):
+        alone = torch.cat([run(kernel, x[i : i + 1], parts, isa) for i in range(16)])
+        for rows in range(2, 17):
+            block = run(kernel, x[:rows], parts, isa)
+            assert torch.equal(block, alone[:rows]), (names, isa, rows)
+        outputs[isa] = alone
+    for isa, alone in outputs.items():
+        assert torch.equal(alone, outputs["avx2"]), isa
+
+
+def test_the_row_check_fails_when_one_rows_summation_order_changes(kernel):
+    """The broken variant: row 3 of a block sums its lanes in another order. The comparison of the
+    previous test must catch it, on every path."""
+    parts, _ = make_parts(("Q4_K", "Q6_K"), 70, 768, seed=5)
+    x = torch.randn(9, 768, generator=torch.Generator().manual_seed(2))
+    for isa in isa_paths(kernel):
+        alone = torch.cat([run(kernel, x[i : i + 1], parts, isa) for i in range(9)])
+        broken = run(kernel, x, parts, isa, perturb=3)
+        assert torch.equal(broken[:3], alone[:3]) and torch.equal(broken[4:], alone[4:])
+        assert not torch.equal(broken[3], alone[3])
+
+
+def test_results_do_not_depend_on_the_thread_count(kernel):
+    parts, _ = make_parts(("Q4_K", "Q6_K"), 70, 768, seed=6)
+    x = torch.randn(5, 768, generator=torch.Generator().manual_seed(3))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run(kernel, x, parts)
+        torch.set_num_threads(max(2, before))
+        assert torch.equal(one, run(kernel, x, parts))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_q8_0_requantization_round_trips_within_half_a_step(kernel):
+    import gguf
+
+    w = torch.randn(10, 96, generator=torch.Generator().manual_seed(4))
+    blocks = kernel.quantize_q8_0(w)
+    back = gguf.quants.dequantize(blocks.numpy(), gguf.GGMLQuantizationType.Q8_0).reshape(10, 96)
+    step = np.abs(w.numpy().reshape(10, 3, 32)).max(-1, keepdims=True) / 127
+    assert (np.abs(back - w.numpy()).reshape(10, 3, 32) <= step * 0.51 + 1e-6).all()
+
+
+def test_bad_arguments_are_errors_not_crashes(kernel):
+    parts, _ = make_parts(("Q4_K",), 4, 256)
+    with pytest.raises(RuntimeError, match="rows"):
+        run(kernel, torch.zeros(17, 256), parts)
+    with pytest.raises(RuntimeError, match="row size"):
+        run(kernel, torch.zeros(1, 512), parts)
+    with pytest.raises(RuntimeError, match="unsupported"):
+        kernel.quant_linear(torch.zeros(1, 256), [parts[0][1]], [13], "auto", -1)
+    assert set(kernel.quant_block_types()) == {2, 3, 6, 8, 12, 14}
