@@ -25,7 +25,10 @@ def _add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None
         p.add_argument("--draft-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
                        help="draft weights precision (does not change outputs: the target decides); auto: int8"
                             " through the CPU kernel, else bfloat16")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="target weights precision")
+    p.add_argument("--precision", "--dtype", dest="precision", default="int8", choices=["int8", "float32", "bfloat16"],
+                   help="target arithmetic. int8 (default): the GGUF blocks times int8 activations, as llama.cpp computes"
+                        " the model on a CPU; float32: the dequantized weights in float32, the reference that matches"
+                        " transformers. Greedy speculative output equals plain output within each")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--ctx", type=int, default=4096, help="context length to allocate (tokens)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -75,7 +78,7 @@ def build_engine(args, need_draft: bool = True):
     draft_spec = getattr(args, "draft", None)
     if draft_spec is None:
         draft_spec = registry.DEFAULT_DRAFT if args.model == registry.DEFAULT_TARGET and need_draft else "none"
-    target = load_model(args.model, device=args.device, dtype=args.dtype, max_context=args.ctx)
+    target = load_model(args.model, device=args.device, dtype=args.precision, max_context=args.ctx)
     draft = None
     drafter = draft_spec
     if draft_spec not in ("none", "lookup"):
@@ -222,7 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--drafters", default=None, help="comma-separated methods: ar,draft,lookup (default: ar + the --draft one)")
     b.add_argument("--bench-dir", default=None, help="folder with humaneval.jsonl / specbench.jsonl")
     b.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
-    b.add_argument("--peers", action="store_true", help="also run transformers (and llama.cpp when installed)")
+    b.add_argument("--peers", nargs="?", const="all", default=None, choices=["all", "llama.cpp", "transformers"],
+                   help="also run peers on the first turns: llama.cpp's own binaries and/or transformers (default: all)")
+    b.add_argument("--llamacpp-bin", default=None,
+                   help="folder with llama.cpp's binaries for --peers (default: $LLAMACPP_BIN, else <cache>/llama.cpp/bin)")
     b.set_defaults(func=cmd_bench)
 
     bm = sub.add_parser("bench-merge", help="join the rows of bench runs over different prompts into one report")

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own tools (llama-bench, llama-speculative-simple, llama-completion) from the llama.cpp
+# vendored in the llama-cpp-python sdist, for `specdecode bench --peers`.
+#
+# Usage: scripts/build_llamacpp.sh [BIN_DIR]
+#   BIN_DIR          where the binaries go (default: $LLAMACPP_BIN, else ${SPECDECODE_CACHE:-~/.cache/specdecode}/llama.cpp/bin)
+#   LLAMACPP_CMAKE_FLAGS  extra cmake flags appended to the configure line (e.g. "-DGGML_AVX512=ON")
+#   LLAMACPP_JOBS    parallel compile jobs (default 2)
+#   LLAMACPP_PY_VERSION   llama-cpp-python sdist to take llama.cpp from (default 0.3.36)
+#
+# GGML_NATIVE=OFF with explicit AVX2/FMA/F16C: GGML_NATIVE=ON (-march=native) crashed on batched work on
+# an AMX machine, and explicit flags give the same binary on every x86-64 machine with AVX2.
+# Idempotent: does nothing when all binaries are already in BIN_DIR. Sources and the build tree live
+# next to BIN_DIR (never in the repository).
+set -euo pipefail
+
+VERSION=${LLAMACPP_PY_VERSION:-0.3.36}
+BIN=${1:-${LLAMACPP_BIN:-${SPECDECODE_CACHE:-$HOME/.cache/specdecode}/llama.cpp/bin}}
+JOBS=${LLAMACPP_JOBS:-2}
+TARGETS=(llama-bench llama-speculative-simple llama-completion)
+
+missing=0
+for t in "${TARGETS[@]}"; do [ -x "$BIN/$t" ] || missing=1; done
+if [ "$missing" = 0 ]; then
+  echo "build_llamacpp: binaries already in $BIN" >&2
+  exit 0
+fi
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  if [ -x "$ROOT/.venv/bin/python" ]; then PY="$ROOT/.venv/bin/python"; else PY=python3; fi
+fi
+
+WORK=$(dirname "$BIN")/src-$VERSION
+mkdir -p "$WORK" "$BIN"
+cd "$WORK"
+
+sdist=$(ls llama_cpp_python-"$VERSION".tar.gz 2>/dev/null || true)
+if [ -z "$sdist" ]; then
+  echo "build_llamacpp: downloading the llama-cpp-python==$VERSION sdist" >&2
+  "$PY" -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
+    "llama-cpp-python==$VERSION" -d "$WORK"
+  sdist=$(ls llama_cpp_python-"$VERSION".tar.gz)
+fi
+SRC=$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+  tar xzf "$sdist"
+fi
+[ -f "$SRC/CMakeLists.txt" ] || { echo "build_llamacpp: no vendor/llama.cpp in the sdist" >&2; exit 1; }
+
+CMAKE=cmake
+if ! command -v cmake >/dev/null 2>&1; then
+  if [ -x "$ROOT/.venv/bin/cmake" ]; then
+    CMAKE="$ROOT/.venv/bin/cmake"
+  else
+    echo "build_llamacpp: cmake not found, installing it into the venv with pip" >&2
+    "$ROOT/.venv/bin/python" -m pip install -q --disable-pip-version-check cmake
+    CMAKE="$ROOT/.venv/bin/cmake"
+  fi
+fi
+GEN=()
+command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
+
+BUILD=$WORK/build
+start=$(date +%s)
+# shellcheck disable=SC2086  # LLAMACPP_CMAKE_FLAGS is a list of flags on purpose
+nice -n 19 "$CMAKE" -S "$SRC" -B "$BUILD" ${GEN[@]+"${GEN[@]}"} \
+  -DCMAKE_BUILD_TYPE=Release \
+  -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+  -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF \
+  ${LLAMACPP_CMAKE_FLAGS:-}
+nice -n 19 "$CMAKE" --build "$BUILD" --config Release -j "$JOBS" --target "${TARGETS[@]}"
+for t in "${TARGETS[@]}"; do
+  cp "$BUILD/bin/$t" "$BIN/$t"
+done
+echo "build_llamacpp: built ${TARGETS[*]} into $BIN in $(( $(date +%s) - start ))s" >&2
