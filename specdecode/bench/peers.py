@@ -284,7 +284,7 @@ def _llamacpp_runs(args, prompts, tokenizer) -> dict:
 def run_peers(args, prompts, rows, tokenizer) -> dict:
     """First turns only, greedy, same max_new_tokens; figures as ratios to specdecode's own plain decoding.
     Peers run one after the other, never in parallel."""
-    which = args.peers if isinstance(args.peers, str) else "all"
+    which = getattr(args, "peers", None) if isinstance(getattr(args, "peers", None), str) else "all"
     runs, info = llamacpp_peer(args, prompts, tokenizer) if which in ("all", "llama.cpp") else ({}, None)
     if which in ("all", "transformers"):
         runs.update(_transformers_runs(args, prompts, tokenizer))
