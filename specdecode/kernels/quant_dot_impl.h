@@ -398,20 +398,11 @@ void row_tokens(const Act& a, int64_t t, int64_t M, const uint8_t* w, float* y, 
   }
 }
 
-// All O rows of one part, split into chunks that threads take as they come free: a thread slowed by
-// another process on its core takes fewer chunks instead of holding every other thread at the barrier.
+// Output rows [begin, end) of one part (row o of the part at w + o * row bytes, its outputs at y[o]).
 template <class B>
-void run_part(const Act& a, int64_t M, const uint8_t* w, int64_t O, float* y, int64_t ldy, int64_t perturb) {
+void run_rows(const Act& a, int64_t M, const uint8_t* w, int64_t begin, int64_t end, float* y, int64_t ldy, int64_t perturb) {
   const int64_t wstride = a.in / B::QK * B::BYTES;
-  const int64_t chunk_rows = 32;
-  const int64_t chunks = (O + chunk_rows - 1) / chunk_rows;
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1))
-      for (int64_t o = c * chunk_rows; o < std::min(O, (c + 1) * chunk_rows); ++o)
-        row_tokens<B>(a, 0, M, w + o * wstride, y + o, ldy, perturb);
-  });
+  for (int64_t o = begin; o < end; ++o) row_tokens<B>(a, 0, M, w + o * wstride, y + o, ldy, perturb);
 }
 
 // Calls f with a value of the block type for a ggml type id; false for a type the kernel cannot read.
@@ -428,11 +419,27 @@ bool visit_type(int64_t type, F&& f) {
   }
 }
 
+// Every part in one parallel region (one wake-up of the threads per call, not one per part), split
+// into chunks of 32 output rows that threads take as they come free: a thread slowed by another process
+// on its core takes fewer chunks instead of holding the others at the barrier. Which thread computes a
+// row changes nothing in it.
 void run_all(const Act& a, int64_t M, const std::vector<const uint8_t*>& parts, const std::vector<int64_t>& rows_of,
              const std::vector<int64_t>& types, float* y, int64_t O, int64_t perturb) {
-  int64_t col = 0;
+  constexpr int64_t chunk_rows = 32;
+  std::vector<int64_t> first_chunk{0}, first_col{0};  // per part, and one past the last
   for (size_t i = 0; i < parts.size(); ++i) {
-    visit_type(types[i], [&](auto b) { run_part<decltype(b)>(a, M, parts[i], rows_of[i], y + col, O, perturb); });
-    col += rows_of[i];
+    first_chunk.push_back(first_chunk.back() + (rows_of[i] + chunk_rows - 1) / chunk_rows);
+    first_col.push_back(first_col.back() + rows_of[i]);
   }
+  const int64_t chunks = first_chunk.back();
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      size_t i = 0;
+      while (c >= first_chunk[i + 1]) ++i;
+      const int64_t begin = (c - first_chunk[i]) * chunk_rows, end = std::min(rows_of[i], begin + chunk_rows);
+      visit_type(types[i], [&](auto b) { run_rows<decltype(b)>(a, M, parts[i], begin, end, y + first_col[i], O, perturb); });
+    }
+  });
 }
