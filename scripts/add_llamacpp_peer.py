@@ -1,7 +1,7 @@
-"""Add llama.cpp (plain and prompt lookup) to an existing bench results.json, on the same prompts.
+"""Add llama.cpp (its own binaries: plain, draft model, n-gram) to an existing bench results.json.
 
-`specdecode bench --peers` runs llama.cpp itself when llama-cpp-python is installed; this script is for
-a bench that ran before the package was built (a long compile on a 2-core machine).
+`specdecode bench --peers` runs llama.cpp itself when its binaries are built (scripts/build_llamacpp.sh);
+this script is for a bench that ran before they were (a long compile on a 2-core machine).
 Usage: python scripts/add_llamacpp_peer.py bench-out/humaneval
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main(out_dir: str) -> int:
     tokenizer = load_model(c["target"]).tokenizer
     runs = _llamacpp_runs(Namespace(model=c["target"], ctx=4096, max_new_tokens=c["max_new_tokens"]), prompts, tokenizer)
     if not runs:
-        print("llama-cpp-python is not installed (pip install 'specdecode[peers]')", file=sys.stderr)
+        print("llama.cpp binaries not found: build them with scripts/build_llamacpp.sh", file=sys.stderr)
         return 1
     peers = results.get("peers") or {}
     peers["runs"] = {**peers.get("runs", {}), **runs}

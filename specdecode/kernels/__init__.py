@@ -88,7 +88,7 @@ def load_kernel():
             build_dir = kernel_build_dir()
             build_dir.mkdir(parents=True, exist_ok=True)
             if not list(build_dir.glob("specdecode_skinny_linear*.so")):
-                print("specdecode: compiling the CPU matmul and attention kernels (first use only, ~1 min) ...", file=sys.stderr)
+                print("specdecode: compiling the CPU matmul and attention kernels (first use only, a few minutes) ...", file=sys.stderr)
             # PyTorch's own build lock is a plain file: a build killed mid-way (SIGTERM, SIGKILL) leaves it
             # behind and every later load waits on it forever. An flock dies with its process, so whoever holds
             # it knows no other build of ours is running and removes a leftover file first.
