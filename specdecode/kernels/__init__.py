@@ -164,12 +164,6 @@ class QuantWeight:
     def contiguous(self) -> "QuantWeight":
         return self
 
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        import gguf
-
-        rows = [gguf.quants.dequantize(p.numpy(), gguf.GGMLQuantizationType(t)) for t, p in zip(self.types, self.parts)]
-        return torch.from_numpy(np.concatenate(rows).reshape(self.shape).astype(np.float32)).to(dtype)
-
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] float32 -> [..., out]; any number of rows, SKINNY_MAX_ROWS per kernel call."""
         flat = x.reshape(-1, x.shape[-1])

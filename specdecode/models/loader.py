@@ -171,10 +171,9 @@ def _load_gguf_int8(gguf_path: Path, folder: Path, device, max_positions) -> Tra
     config = ModelConfig(**json.loads((folder / "config.json").read_text()))
     blocks = {key: parts for key, parts in _read_blocks(gguf_path, folder, config).items()
               if all(t in kernels.QUANT_KERNEL_TYPES for t, _ in parts)}
-    skip = {f"{key}" for key in blocks if key != "lm_head"}
-    if "lm_head" in blocks and not config.tie_embeddings:
-        skip.add("lm_head")
-    model = _load_converted(folder, device, torch.float32, max_positions, skip=frozenset(skip))
+    # A tied head's blocks replace no parameter: the float32 embedding stays for lookups.
+    skip = frozenset(blocks) - ({"lm_head"} if config.tie_embeddings else set())
+    model = _load_converted(folder, device, torch.float32, max_positions, skip=skip)
     _to_quant_weights(model, blocks)
     return model
 
