@@ -290,3 +290,30 @@ def test_exact_distribution_enumerates_all_continuations(pair):
     exact = exact_distribution(target, PROMPT, 2, SamplingParams(temperature=1.0))
     assert len(exact) == VOCAB**2
     assert set(exact) == set(itertools.product(range(VOCAB), repeat=2))
+
+
+@pytest.fixture(scope="module")
+def int8_pair(pair):
+    """The same target with its matrices as Q8_0 blocks times int8 activations (the int8 precision)."""
+    from specdecode import kernels
+    from specdecode.models.loader import _to_quant_weights
+    from testlib import perturbed_copy
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    target, draft = pair
+    int8_target = perturbed_copy(target, noise=0.0, seed=0)
+    _to_quant_weights(int8_target)
+    return int8_target, draft
+
+
+def test_int8_target_samples_follow_its_exact_distribution(int8_pair):
+    pvalue, stat, df, drafted, accepted, bonus = run_case(int8_pair, "draft-model", seed_base=30_000)
+    assert drafted > 0 and 0 < accepted < drafted and bonus > 0, (drafted, accepted, bonus)
+    assert pvalue > PASS_P, f"chi-square {stat:.1f} on {df} df, p = {pvalue:.2e}"
+
+
+def test_int8_target_distribution_test_fails_on_a_broken_verifier(int8_pair, monkeypatch):
+    monkeypatch.setattr(engine_module, "verify_sampling", BROKEN["residual_is_p"])
+    pvalue, stat, df, *_ = run_case(int8_pair, "draft-model", seed_base=40_000, samples=1000)
+    assert pvalue < FAIL_P, f"broken verifier passed on the int8 target: chi-square {stat:.1f} on {df} df, p = {pvalue:.2e}"
