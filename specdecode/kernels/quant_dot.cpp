@@ -33,10 +33,13 @@ namespace qd_vnni {
 
 namespace {
 
-bool cpu_has_vnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512vnni");
+bool cpu_has_vnni() {  // asked once: every decoding matmul passes through here
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+  }();
+  return has;
 }
 
 // Symmetric int8, one scale per QB values of a row: d = max|x| / 127, q = round-to-nearest-even(x * 127 / max|x|).
@@ -76,7 +79,11 @@ void quantize_rows(const float* x, int64_t M, int64_t in, int8_t* q, float* d, i
     }
 }
 
-bool is_k_type(int64_t type) { return type == 12 || type == 14; }
+bool is_k_type(int64_t type) {  // activations quantized per 256 values, not per 32
+  bool k = false;
+  qd_avx2::visit_type(type, [&](auto b) { k = decltype(b)::K; });
+  return k;
+}
 
 // Block size (weights) and bytes of a ggml type this kernel reads; {0, 0} for others.
 std::pair<int64_t, int64_t> block_shape(int64_t type) {

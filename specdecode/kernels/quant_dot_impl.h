@@ -257,13 +257,14 @@ inline __m256i lane_sums(const __m256i* s) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20), _mm256_permute2x128_si256(q0, q1, 0x31));
 }
 
-// One weight row against tokens t0..t0+T-1, over the whole row. Per weight block and token: an exact
+// One weight row of a k-quant type against tokens t0..t0+T-1, over the whole row. Per block and token: an exact
 // integer sum s, then acc = fma(float(s), d * dx, acc) (and the same for an offset term), block after
 // block; the result is acc + offset. T = 1 runs it in scalar registers, T > 1 in one vector lane per
 // token: the same IEEE operations either way. perturb_token >= 0 splits that token's sum into even and
 // odd blocks, added at the end: a deliberately broken variant for the tests that must catch it.
 template <class B, int T>
 void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
+  static_assert(B::K && !B::SIGNED, "tile() takes the unsigned k-quant types; tile_lanes() the 32-weight ones");
   const int64_t nblk = a.in / B::QK;
   const bool perturb = perturb_token >= t0 && perturb_token < t0 + T;
   float acc1 = 0.0f, off1 = 0.0f, odd1 = 0.0f;  // T == 1
@@ -304,15 +305,10 @@ void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int
 #endif
 #pragma GCC unroll 8
     for (int j = 0; j < B::SUB; ++j) {
-      const __m256i wv = b.weights(j);
-      const __m256i wa = B::SIGNED ? _mm256_sign_epi8(wv, wv) : wv;  // |w| as unsigned bytes (128 for -128)
+      const __m256i wv = b.weights(j);  // k-quant weights are unsigned: no sign trick here
       const __m256i sc = b.scale(j);
-      for (int t = 0; t < T; ++t) {
-        const __m256i x = _mm256_loadu_si256((const __m256i*)(xb[t].q + 32 * j));
-        if (B::SIGNED) s[t] = mad<(T >= 4)>(s[t], wa, _mm256_sign_epi8(x, wv));
-        else if (B::SUB > 1) s[t] = mad_scaled<(T >= 4)>(s[t], wv, x, sc);
-        else s[t] = mad<(T >= 4)>(s[t], wv, x);
-      }
+      for (int t = 0; t < T; ++t)
+        s[t] = mad_scaled<(T >= 4)>(s[t], wv, _mm256_loadu_si256((const __m256i*)(xb[t].q + 32 * j)), sc);
     }
     const bool to_odd = perturb && (blk & 1);
     if (T == 1) {
