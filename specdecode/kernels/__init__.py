@@ -49,7 +49,7 @@ def _cpu_has_avx2_fma() -> bool:
 
 
 _HERE = Path(__file__).parent
-KERNEL_SOURCES = [_HERE / name for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "quant_dot.cpp")]
+KERNEL_SOURCES = [_HERE / name for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "quant_dot.cpp", "int8_layer.cpp")]
 KERNEL_HEADERS = [_HERE / name for name in ("avx2_math.h", "quant_dot_impl.h")]
 KERNEL_CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
@@ -173,6 +173,19 @@ class QuantWeight:
         ]
         y = calls[0] if len(calls) == 1 else torch.cat(calls)
         return y.reshape(*x.shape[:-1], self.shape[0])
+
+
+def int8_attn_in(x: torch.Tensor, norm: torch.Tensor, eps: float, qkv: QuantWeight, bias, cos, sin, config) -> torch.Tensor:
+    """RMSNorm, QKV product (+ bias) and rotary embedding of an int8 layer in one call: [T, q + 2 kv]."""
+    return _kernel.int8_attn_in(x.contiguous(), norm, eps, qkv.parts, qkv.types, bias, cos.contiguous(), sin.contiguous(),
+                                config.n_heads, config.n_kv_heads, config.head_dim, QUANT_ISA)
+
+
+def int8_attn_out(x: torch.Tensor, attn: torch.Tensor, out_proj: QuantWeight, norm: torch.Tensor, eps: float,
+                  gate_up: QuantWeight, down: QuantWeight) -> torch.Tensor:
+    """The rest of an int8 layer after attention in one call: output projection, residual, RMSNorm, SwiGLU MLP, residual."""
+    return _kernel.int8_attn_out(x.contiguous(), attn, out_proj.parts, out_proj.types, norm, eps, gate_up.parts, gate_up.types,
+                                 down.parts, down.types, QUANT_ISA)
 
 
 # Off: GGUFWeight products use their float32 copy (identical outputs; for timing the two paths in one process).

@@ -13,6 +13,13 @@ torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts
 std::vector<int64_t> quant_block_types();  // quant_dot.cpp
 std::string quant_isa();  // quant_dot.cpp
 torch::Tensor quantize_q8_0_cpu(torch::Tensor w);  // quant_dot.cpp
+torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std::vector<torch::Tensor> qkv_parts,
+                           std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias, torch::Tensor cos,
+                           torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::string isa);  // int8_layer.cpp
+torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<torch::Tensor> out_parts,
+                            std::vector<int64_t> out_types, torch::Tensor norm, double eps,
+                            std::vector<torch::Tensor> gate_up_parts, std::vector<int64_t> gate_up_types,
+                            std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa);  // int8_layer.cpp
 
 // Weight storage: float32 or bfloat16.
 enum WType { F32 = 0, BF16 = 1 };
@@ -100,4 +107,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_block_types", &quant_block_types);
   m.def("quant_isa", &quant_isa);
   m.def("quantize_q8_0", &quantize_q8_0_cpu);
+  m.def("int8_attn_in", &int8_attn_in);
+  m.def("int8_attn_out", &int8_attn_out);
 }

@@ -55,18 +55,24 @@ class DecoderLayer(nn.Module):
     def forward(self, x, layer_index: int, cache: KVCache, start: int, cos, sin, attn_mask, exact_rows: bool = False):
         c = self.config
         seq = x.shape[0]
-        h = rms_norm(x, self.attn_norm, c.rms_norm_eps)
-        qkv = kernels.linear(h, self.qkv, self.qkv_bias)
-        q, k, v = qkv.split((c.q_size, c.kv_size, c.kv_size), dim=-1)
-        q = apply_rope(q.view(seq, c.n_heads, c.head_dim), cos, sin)
-        k = apply_rope(k.view(seq, c.n_kv_heads, c.head_dim), cos, sin)
-        v = v.view(seq, c.n_kv_heads, c.head_dim)
+        fused = isinstance(self.qkv, kernels.QuantWeight)  # int8: everything but attention in two kernel calls
+        if fused:
+            qkv = kernels.int8_attn_in(x, self.attn_norm, c.rms_norm_eps, self.qkv, self.qkv_bias, cos, sin, c)
+            q, k, v = (part.view(seq, -1, c.head_dim) for part in qkv.split((c.q_size, c.kv_size, c.kv_size), dim=-1))
+        else:
+            h = rms_norm(x, self.attn_norm, c.rms_norm_eps)
+            q, k, v = kernels.linear(h, self.qkv, self.qkv_bias).split((c.q_size, c.kv_size, c.kv_size), dim=-1)
+            q = apply_rope(q.view(seq, c.n_heads, c.head_dim), cos, sin)
+            k = apply_rope(k.view(seq, c.n_kv_heads, c.head_dim), cos, sin)
+            v = v.view(seq, c.n_kv_heads, c.head_dim)
         cache.write(layer_index, start, k.transpose(0, 1), v.transpose(0, 1))
         keys, values = cache.view(layer_index, start + seq)
         attn = kernels.block_attention(q, keys, values, start) if exact_rows else None
         if attn is None:
             attn = self._sdpa(q, keys, values, start, attn_mask, exact_rows)
         attn = attn.reshape(seq, c.q_size)
+        if fused:
+            return kernels.int8_attn_out(x, attn, self.out_proj, self.mlp_norm, c.rms_norm_eps, self.gate_up, self.down)
         x = x + kernels.linear(attn, self.out_proj)
         h = rms_norm(x, self.mlp_norm, c.rms_norm_eps)
         gate, up = kernels.linear(h, self.gate_up).chunk(2, dim=-1)

@@ -1,0 +1,137 @@
+// The int8 target's decoder layer around its attention, in two calls instead of ~40 PyTorch operations.
+//
+// A decode step of a 1.5B model spends little in any one of RMSNorm, bias, rotary embedding, SiLU or
+// the residual adds, but 28 layers of them as separate PyTorch operations cost several milliseconds
+// of dispatch per step, a sizeable share once the matmuls run at memory speed. Here they run as plain
+// loops over each row:
+//   attn_in:  h = rmsnorm(x) * w;  qkv = h @ Wqkv.T (+ bias);  rotate q and k          -> [T, q+2kv]
+//   attn_out: x += attn @ Wo.T;  h = rmsnorm(x) * w;  x += (silu(gate) * up) @ Wdown.T  -> [T, hidden]
+// Every operation reads one row and writes that row, in a fixed order, so a row's result is the
+// same in a decode step, a verify block or a prompt of any length: speculative output stays exactly
+// plain output.
+#include <torch/extension.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <vector>
+
+#include "avx2_math.h"
+
+torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types,
+                               std::string isa, int64_t perturb_row);  // quant_dot.cpp
+
+namespace {
+
+constexpr int64_t KERNEL_ROWS = 16;  // rows per quant_linear call
+
+// x [T, in] -> [T, out], any T, in calls of at most KERNEL_ROWS rows (each row's result is its own).
+torch::Tensor linear_rows(const torch::Tensor& x, const std::vector<torch::Tensor>& parts, const std::vector<int64_t>& types,
+                          const std::string& isa) {
+  const int64_t T = x.size(0);
+  if (T <= KERNEL_ROWS) return quant_linear_cpu(x, parts, types, isa, -1);
+  std::vector<torch::Tensor> pieces;
+  for (int64_t i = 0; i < T; i += KERNEL_ROWS)
+    pieces.push_back(quant_linear_cpu(x.narrow(0, i, std::min(KERNEL_ROWS, T - i)), parts, types, isa, -1));
+  return torch::cat(pieces);
+}
+
+// out = x * (1 / sqrt(mean(x^2) + eps)) * w, row by row; the sum of squares in 8 lanes, then a fixed hsum.
+void rms_norm_rows(const float* x, int64_t T, int64_t n, const float* w, float eps, float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * n;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(xr + i);
+      acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    const __m256 r = _mm256_set1_ps(1.0f / std::sqrt(hsum(acc) / (float)n + eps));
+    for (int64_t i = 0; i < n; i += 8)
+      _mm256_storeu_ps(out + t * n + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), r), _mm256_loadu_ps(w + i)));
+  }
+}
+
+// Half-rotation rotary embedding of `heads` heads of size D in place: (a, b) -> (a cos - b sin, b cos + a sin).
+void rope_heads(float* v, int64_t heads, int64_t D, const float* cos, const float* sin) {
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* a = v + h * D;
+    float* b = a + half;
+    for (int64_t i = 0; i < half; ++i) {
+      const float x1 = a[i], x2 = b[i];
+      a[i] = x1 * cos[i] - x2 * sin[i];
+      b[i] = x2 * cos[i] + x1 * sin[i];
+    }
+  }
+}
+
+// silu(g) * u over n values; silu(g) = g * sigmoid(g), the exponent kept non-positive on both sides of 0.
+void silu_mul(const float* g, const float* u, int64_t n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 e = exp_nonpositive(_mm256_or_ps(gv, sign));  // e^-|g|
+    const __m256 positive = _mm256_cmp_ps(gv, _mm256_setzero_ps(), _CMP_GE_OQ);
+    const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(e, one, positive), _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) {
+    const float e = std::exp(-std::fabs(g[i]));
+    out[i] = g[i] * ((g[i] >= 0.0f ? 1.0f : e) / (1.0f + e)) * u[i];
+  }
+}
+
+void check_rows(const torch::Tensor& x, int64_t n, const char* what) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous() && x.size(1) == n && n % 8 == 0, what,
+              ": contiguous float32 [T, ", n, "] expected");
+}
+
+}  // namespace
+
+// x [T, hidden]; cos/sin [T, D/2]; bias may be undefined. Returns qkv [T, (H + 2 Hkv) * D], q and k rotated.
+torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std::vector<torch::Tensor> qkv_parts,
+                           std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias, torch::Tensor cos,
+                           torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::string isa) {
+  const int64_t T = x.size(0), n = x.size(1);
+  check_rows(x, n, "int8_attn_in");
+  TORCH_CHECK(norm.numel() == n && cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == T && cos.size(1) == head_dim / 2,
+              "int8_attn_in: norm weight or rotary tables of the wrong shape");
+  auto h = torch::empty_like(x);
+  rms_norm_rows(x.data_ptr<float>(), T, n, norm.data_ptr<float>(), (float)eps, h.data_ptr<float>());
+  auto qkv = linear_rows(h, qkv_parts, qkv_types, isa);
+  const int64_t width = (heads + 2 * kv_heads) * head_dim;
+  TORCH_CHECK(qkv.size(1) == width, "int8_attn_in: the QKV matrix does not match the head counts");
+  float* p = qkv.data_ptr<float>();
+  if (bias && bias->defined()) {
+    TORCH_CHECK(bias->numel() == width && bias->is_contiguous(), "int8_attn_in: bias of the wrong size");
+    const float* b = bias->data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < width; ++i) p[t * width + i] += b[i];
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    const float* c = cos.data_ptr<float>() + t * head_dim / 2;
+    const float* s = sin.data_ptr<float>() + t * head_dim / 2;
+    rope_heads(p + t * width, heads + kv_heads, head_dim, c, s);  // q heads, then k heads, are adjacent
+  }
+  return qkv;
+}
+
+// x [T, hidden] (the layer input), attn [T, q_size]. Returns the layer output.
+torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<torch::Tensor> out_parts,
+                            std::vector<int64_t> out_types, torch::Tensor norm, double eps,
+                            std::vector<torch::Tensor> gate_up_parts, std::vector<int64_t> gate_up_types,
+                            std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa) {
+  const int64_t T = x.size(0), n = x.size(1);
+  check_rows(x, n, "int8_attn_out");
+  TORCH_CHECK(norm.numel() == n, "int8_attn_out: norm weight of the wrong size");
+  auto y = linear_rows(attn.contiguous(), out_parts, out_types, isa).add_(x);  // x + attn @ Wo.T, row by row
+  auto h = torch::empty_like(y);
+  rms_norm_rows(y.data_ptr<float>(), T, n, norm.data_ptr<float>(), (float)eps, h.data_ptr<float>());
+  auto gu = linear_rows(h, gate_up_parts, gate_up_types, isa);
+  const int64_t inter = gu.size(1) / 2;
+  auto act = torch::empty({T, inter}, x.options());
+  for (int64_t t = 0; t < T; ++t)
+    silu_mul(gu.data_ptr<float>() + t * 2 * inter, gu.data_ptr<float>() + t * 2 * inter + inter, inter,
+             act.data_ptr<float>() + t * inter);
+  return linear_rows(act, down_parts, down_types, isa).add_(y);
+}
