@@ -1,5 +1,6 @@
 """Engine API: pairing checks, input validation, streaming, statistics."""
 import pytest
+import torch
 
 from specdecode.engine import Engine, check_same_tokenizer
 from specdecode.errors import InputError, ModelError
@@ -254,3 +255,29 @@ def test_a_pinned_k_always_drafts(engine):
     known_costs(engine, draft_prefill_per_token=1.0)
     result = engine.generate(PROMPT * 3, drafter="draft", k=2, max_new_tokens=6)
     assert result.stats.draft_passes > 0
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+def test_a_reused_prefix_holds_the_bits_a_fresh_prompt_computes(precision):
+    """A chat continuation reuses the cached prefix, which decode steps wrote; a fresh engine computes the
+    same positions as a prompt. Both must hold the same keys and values (and so give the same tokens),
+    also for prompts longer than one row-exact block."""
+    from specdecode import kernels
+    from specdecode.models.loader import _to_quant_weights
+
+    if kernels.load_kernel() is None:
+        pytest.skip("no CPU kernel")
+    target = make_tiny_model(seed=31, vocab_size=256, context_length=512)
+    if precision == "int8":
+        _to_quant_weights(target)
+    first_prompt = [(11 * i + 5) % 256 for i in range(300)]
+    warm = Engine(as_loaded(target), max_context=512)
+    answer = warm.generate(first_prompt, drafter="none", max_new_tokens=30).token_ids
+    follow_up = first_prompt + answer + [7, 8, 9]
+    reused = warm.generate(follow_up, drafter="none", max_new_tokens=20)
+    fresh_engine = Engine(as_loaded(target), max_context=512)
+    fresh = fresh_engine.generate(follow_up, drafter="none", max_new_tokens=20)
+    assert reused.token_ids == fresh.token_ids
+    length = len(follow_up) - 1
+    assert torch.equal(warm.cache.keys[:, :, :length], fresh_engine.cache.keys[:, :, :length])
+    assert torch.equal(warm.cache.values[:, :, :length], fresh_engine.cache.values[:, :, :length])

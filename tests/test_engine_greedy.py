@@ -141,6 +141,19 @@ def test_speculative_equals_autoregressive(arch, kind, k):
         assert stats.origins["bonus"] > 0
 
 
+@pytest.mark.parametrize("k", [16, 20, 32, 64])
+@pytest.mark.parametrize("kind", ["strong", "oracle", "tree"])
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+def test_blocks_larger_than_one_kernel_call_are_exact(precision, kind, k):
+    """K up to the API's 64 (verify blocks of up to 65 rows, trees of up to ~2K nodes) take row-exact paths."""
+    from specdecode import kernels
+
+    if precision == "int8" and kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    result = check_identity("qwen2", kind, k, max_new_tokens=80, max_context=160, precision=precision)
+    assert result.stats.drafted > 0
+
+
 @pytest.mark.parametrize("k", [1, 2, 5, 8, 15, "auto"])
 @pytest.mark.parametrize("kind", ["strong", "weak", "lookup"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -261,6 +274,19 @@ def test_prompt_that_nearly_fills_the_context(kind, k, prompt_len):
     assert result.finish_reason == "length"
     # every cache position is used; the token predicted from the last one is still emitted
     assert len(result.token_ids) == max_context + 1 - prompt_len
+
+
+@pytest.mark.parametrize("k", [4, "auto"])
+@pytest.mark.parametrize("drafter", ["draft", "tree"])
+def test_a_prompt_longer_than_the_draft_models_context_drafts_nothing(k, drafter):
+    """The draft model may hold a shorter context than the target: past it, the engine decodes plainly."""
+    target, strong, _ = models("llama")
+    short_draft = perturbed_copy(strong, noise=0.0, seed=0, max_positions=24)
+    engine = make_engine(target, short_draft, max_context=96)
+    for prompt_len in (20, 30, 60):  # drafting until the draft is full; none from the start
+        prompt = [(5 * i + 1) % 256 for i in range(prompt_len)]
+        result = engine.generate(prompt, drafter=drafter, k=k, max_new_tokens=12)
+        assert result.token_ids == reference("llama", tuple(prompt), 12, 96), prompt_len
 
 
 def test_prompt_as_long_as_the_context_is_refused():

@@ -5,7 +5,7 @@ import torch
 
 from ..errors import InputError
 from ..policy import DraftStopRule
-from ..sampling import SamplingParams, probabilities, sample
+from ..sampling import PositionNoise, SamplingParams, probabilities
 from .base import Draft, Drafter
 
 
@@ -55,8 +55,10 @@ class DraftModelDrafter(Drafter):
         return None if out is None else out[-1]
 
     def prefill(self, context: list[int]) -> None:
-        """Consume the prompt (all but its last token) so that proposals only feed the newest tokens."""
-        self._feed(context[:-1], logits="none")
+        """Consume the prompt (all but its last token) so that proposals only feed the newest tokens.
+        A prompt the draft's context cannot hold is not read: proposals then draft nothing."""
+        if len(context) < self.cache.max_len:
+            self._feed(context[:-1], logits="none")
 
     def unread_tokens(self, context: list[int]) -> int:
         return max(0, len(context) - 1 - common_prefix_len(self.cached, context[:-1]))
@@ -65,7 +67,7 @@ class DraftModelDrafter(Drafter):
         """Feed whatever of `context` the cache lacks; logits after its last token."""
         return self._feed(context, logits="last")
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise) -> Draft:
         k = min(k, self.cache.max_len - len(context))
         if k <= 0:
             return Draft()
@@ -90,7 +92,7 @@ class DraftModelDrafter(Drafter):
                     chain_prob *= rule.calibration(confidence)
             else:
                 confidence = float("nan")
-            token = int(logits.argmax()) if probs_row is None else sample(probs_row, generator)
+            token = int(logits.argmax()) if probs_row is None else noise.choose(probs_row, len(context) + len(tokens))
             if probs_row is not None:
                 rows.append(probs_row)
             tokens.append(token)
@@ -148,7 +150,7 @@ class TreeDrafter(DraftModelDrafter):
         super().__init__(model, max_len)
         self.branch_min_prob = branch_min_prob
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise) -> Draft:
         if not sampling.greedy:
             raise InputError("token-tree drafting supports greedy decoding only; use --draft with a chain for sampling")
         return self.propose_tree(context, k, self.branch_min_prob)

@@ -232,10 +232,13 @@ def _kernel_rows(x: torch.Tensor, weight) -> torch.Tensor:
     return _kernel.skinny_linear(x, weight)
 
 
-def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor | None:
-    """Causal attention of a decode step or verify block ([T, H, D] queries at positions start..start+T-1)
-    over cache views [Hkv, >= start+T, D], through the CPU kernel: each row's result is independent of T.
-    None where the kernel does not apply (no kernel, not CPU float32, odd head size); the caller falls back.
+def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                    visible: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Attention of a decode step or verify block ([T, H, D] queries in cache rows start..start+T-1) over
+    cache views [Hkv, >= start+T, D], through the CPU kernel: each row's result is independent of T.
+    Causal, or for a token tree `visible` [T, T] bool (each node sees its ancestors and itself): a tree
+    node then gets the bits of the same node in a chain. None where the kernel does not apply (no kernel,
+    not CPU float32, odd head size); the caller falls back.
     """
     if (
         _kernel is None
@@ -244,7 +247,7 @@ def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         or q.shape[-1] % 8
     ):
         return None
-    return _kernel.block_attention(q, keys, values, start)
+    return _kernel.block_attention(q, keys, values, start, visible)
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-// Causal attention for decode steps and verify blocks (1 to ~16 query rows against the KV cache).
+// Attention for decode steps, verify blocks (chains and token trees) and int8 prompts, against the KV cache.
 //
 // Row i of a block sits at position start+i and attends keys 0..start+i. Every row is computed on its
 // own, in one fixed order (dot products over the head dimension, softmax sums over the keys), so a row's
@@ -15,19 +15,22 @@
 
 namespace {
 
-// Scores of one query against keys [0, n): four keys at a time for instruction-level parallelism;
-// each dot product still runs over the head dimension in the same order.
-void scores(const float* q, const float* k, int64_t kstride, int64_t n, int64_t D, float scale, float* out) {
+// Scores of one query against keys rows[0..n) (row r at k + r * kstride): four keys at a time for
+// instruction-level parallelism; each dot product still runs over the head dimension in the same order.
+void scores(const float* q, const float* k, int64_t kstride, const int64_t* rows, int64_t n, int64_t D, float scale, float* out) {
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
-    const float* k0 = k + j * kstride;
+    const float* k0 = k + rows[j] * kstride;
+    const float* k1 = k + rows[j + 1] * kstride;
+    const float* k2 = k + rows[j + 2] * kstride;
+    const float* k3 = k + rows[j + 3] * kstride;
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; d += 8) {
       __m256 qv = _mm256_loadu_ps(q + d);
       a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + kstride + d), a1);
-      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * kstride + d), a2);
-      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * kstride + d), a3);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
     }
     out[j] = hsum(a0) * scale;
     out[j + 1] = hsum(a1) * scale;
@@ -35,8 +38,9 @@ void scores(const float* q, const float* k, int64_t kstride, int64_t n, int64_t 
     out[j + 3] = hsum(a3) * scale;
   }
   for (; j < n; ++j) {
+    const float* kj = k + rows[j] * kstride;
     __m256 a = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + j * kstride + d), a);
+    for (int64_t d = 0; d < D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kj + d), a);
     out[j] = hsum(a) * scale;
   }
 }
@@ -56,14 +60,14 @@ float softmax_numerators(float* s, int64_t n) {
   return hsum(total);
 }
 
-// out[0, 8*C) = sum_j p[j] * v[j][0, 8*C) / total, one output chunk of the head dimension.
+// out[0, 8*C) = sum_j p[j] * v[rows[j]][0, 8*C) / total, one output chunk of the head dimension.
 template <int C>
-void weighted_values(const float* p, const float* v, int64_t vstride, int64_t n, float inv_total, float* out) {
+void weighted_values(const float* p, const float* v, int64_t vstride, const int64_t* rows, int64_t n, float inv_total, float* out) {
   __m256 acc[C];
   for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
     __m256 pj = _mm256_set1_ps(p[j]);
-    const float* vj = v + j * vstride;
+    const float* vj = v + rows[j] * vstride;
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), acc[c]);
   }
@@ -71,17 +75,17 @@ void weighted_values(const float* p, const float* v, int64_t vstride, int64_t n,
   for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inv));
 }
 
-void values_out(const float* p, const float* v, int64_t vstride, int64_t n, int64_t D, float inv_total, float* out) {
+void values_out(const float* p, const float* v, int64_t vstride, const int64_t* rows, int64_t n, int64_t D, float inv_total, float* out) {
   int64_t d = 0;
-  for (; d + 64 <= D; d += 64) weighted_values<8>(p, v + d, vstride, n, inv_total, out + d);
+  for (; d + 64 <= D; d += 64) weighted_values<8>(p, v + d, vstride, rows, n, inv_total, out + d);
   switch ((D - d) / 8) {
-    case 7: weighted_values<7>(p, v + d, vstride, n, inv_total, out + d); break;
-    case 6: weighted_values<6>(p, v + d, vstride, n, inv_total, out + d); break;
-    case 5: weighted_values<5>(p, v + d, vstride, n, inv_total, out + d); break;
-    case 4: weighted_values<4>(p, v + d, vstride, n, inv_total, out + d); break;
-    case 3: weighted_values<3>(p, v + d, vstride, n, inv_total, out + d); break;
-    case 2: weighted_values<2>(p, v + d, vstride, n, inv_total, out + d); break;
-    case 1: weighted_values<1>(p, v + d, vstride, n, inv_total, out + d); break;
+    case 7: weighted_values<7>(p, v + d, vstride, rows, n, inv_total, out + d); break;
+    case 6: weighted_values<6>(p, v + d, vstride, rows, n, inv_total, out + d); break;
+    case 5: weighted_values<5>(p, v + d, vstride, rows, n, inv_total, out + d); break;
+    case 4: weighted_values<4>(p, v + d, vstride, rows, n, inv_total, out + d); break;
+    case 3: weighted_values<3>(p, v + d, vstride, rows, n, inv_total, out + d); break;
+    case 2: weighted_values<2>(p, v + d, vstride, rows, n, inv_total, out + d); break;
+    case 1: weighted_values<1>(p, v + d, vstride, rows, n, inv_total, out + d); break;
     default: break;
   }
 }
@@ -89,7 +93,11 @@ void values_out(const float* p, const float* v, int64_t vstride, int64_t n, int6
 }  // namespace
 
 // q: [T, H, D] float32; k, v: [Hkv, N, D] float32 views of the cache (N >= start + T, rows contiguous).
-torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start) {
+// visible: undefined for a causal block, or [T, T] bool for a token tree (row i sees block rows j with
+// visible[i][j]: its ancestors and itself, parents before children). A tree row attends the prefix and then
+// its ancestors in root-to-leaf order, which is exactly the key sequence of the chain it lies on, so it
+// gets the bits that chain's row gets.
+torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start, c10::optional<torch::Tensor> visible) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
               "block_attention: float32 only");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "block_attention: q [T,H,D], k/v [Hkv,N,D]");
@@ -99,6 +107,18 @@ torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tenso
   TORCH_CHECK(H % Hkv == 0 && v.size(0) == Hkv, "block_attention: query heads must be a multiple of key/value heads");
   TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1, "block_attention: cache rows must be contiguous");
   TORCH_CHECK(start >= 0 && k.size(1) >= start + T && v.size(1) >= start + T, "block_attention: the cache lacks the block's keys");
+  // The key rows each query row attends, in order.
+  std::vector<std::vector<int64_t>> rows(T);
+  const bool tree = visible && visible->defined();
+  if (tree) TORCH_CHECK(visible->scalar_type() == at::kBool && visible->dim() == 2 && visible->size(0) == T && visible->size(1) == T,
+                        "block_attention: visible must be a [T, T] bool matrix");
+  auto vis = tree ? visible->contiguous() : torch::Tensor();
+  for (int64_t i = 0; i < T; ++i) {
+    rows[i].resize(start);
+    for (int64_t j = 0; j < start; ++j) rows[i][j] = j;
+    for (int64_t j = 0; j < T; ++j)
+      if (tree ? vis.data_ptr<bool>()[i * T + j] : j <= i) rows[i].push_back(start + j);
+  }
   auto out = torch::empty_like(qc);
   const float* qp = qc.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
@@ -111,13 +131,13 @@ torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tenso
     std::vector<float> s;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t i = item / H, h = item % H, g = h / group;
-      const int64_t n = start + i + 1;
+      const int64_t n = rows[i].size();
       s.assign((n + 7) / 8 * 8, -INFINITY);
       const float* kh = kp + g * k.stride(0);
       const float* vh = vp + g * v.stride(0);
-      scores(qp + (i * H + h) * D, kh, k.stride(1), n, D, scale, s.data());
+      scores(qp + (i * H + h) * D, kh, k.stride(1), rows[i].data(), n, D, scale, s.data());
       const float total = softmax_numerators(s.data(), n);
-      values_out(s.data(), vh, v.stride(1), n, D, 1.0f / total, op + (i * H + h) * D);
+      values_out(s.data(), vh, v.stride(1), rows[i].data(), n, D, 1.0f / total, op + (i * H + h) * D);
     }
   });
   return out;

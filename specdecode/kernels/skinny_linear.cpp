@@ -5,7 +5,8 @@
 
 #include "avx2_math.h"
 
-torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start);  // block_attention.cpp
+torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start,
+                                  c10::optional<torch::Tensor> visible);  // block_attention.cpp
 torch::Tensor gguf_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types);  // gguf_linear.cpp
 std::vector<int64_t> gguf_block_types();  // gguf_linear.cpp
 torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types,

@@ -52,7 +52,8 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(2 * c.intermediate_size, c.hidden_size, dtype=weight_dtype), requires_grad=False)
         self.down = nn.Parameter(torch.empty(c.hidden_size, c.intermediate_size, dtype=weight_dtype), requires_grad=False)
 
-    def forward(self, x, layer_index: int, cache: KVCache, start: int, cos, sin, attn_mask, exact_rows: bool = False):
+    def forward(self, x, layer_index: int, cache: KVCache, start: int, cos, sin, attn_mask, exact_rows: bool = False,
+                visible: torch.Tensor | None = None):
         c = self.config
         seq = x.shape[0]
         fused = isinstance(self.qkv, kernels.QuantWeight)  # int8: everything but attention in two kernel calls
@@ -67,9 +68,9 @@ class DecoderLayer(nn.Module):
             v = v.view(seq, c.n_kv_heads, c.head_dim)
         cache.write(layer_index, start, k.transpose(0, 1), v.transpose(0, 1))
         keys, values = cache.view(layer_index, start + seq)
-        attn = kernels.block_attention(q, keys, values, start) if exact_rows else None
+        attn = kernels.block_attention(q, keys, values, start, visible) if exact_rows else None
         if attn is None:
-            attn = self._sdpa(q, keys, values, start, attn_mask, exact_rows)
+            attn = self._sdpa(q, keys, values, start, attn_mask, row_wise=exact_rows and visible is None)
         attn = attn.reshape(seq, c.q_size)
         if fused:
             return kernels.int8_attn_out(x, attn, self.out_proj, self.mlp_norm, c.rms_norm_eps, self.gate_up, self.down)
@@ -158,18 +159,24 @@ class Transformer(nn.Module):
             raise ValueError(f"block of {seq} tokens does not fit: cache holds {start} of {cache.max_len}")
         if positions is None:
             positions = torch.arange(start, start + seq, device=self.device)
-        # Decode steps and causal verify blocks compute every row exactly as it would be alone (attention
-        # kernel, or PyTorch's row by row); so do prompts of the int8 model, whose matmuls are row-exact at
-        # any size, so a prompt token's keys and values are those a decode step would write. Other
-        # prompt-sized blocks and trees use one masked call.
-        int8_rows = isinstance(self.layers[0].qkv, kernels.QuantWeight)
-        exact_rows = attn_mask is None and (seq <= kernels.SKINNY_MAX_ROWS or int8_rows)
-        if attn_mask is None and not exact_rows:
-            attn_mask = causal_mask(start, seq, self.device)
+        # Decode steps and verify blocks compute every row exactly as it would be alone (attention kernel,
+        # or PyTorch's row by row), up to the largest block whose matmuls are row-exact too; so do prompts
+        # of the int8 model, whose matmuls are row-exact at any size, so a prompt token's keys and values
+        # are those a decode step would write. A token tree (a mask that shows the whole prefix) attends
+        # through the kernel in chain order. Other prompt-sized blocks use one masked call.
+        visible = None
+        if attn_mask is None:
+            int8_rows = isinstance(self.layers[0].qkv, kernels.QuantWeight)
+            exact_rows = seq <= kernels.FLOAT32_CHUNKED_MAX_ROWS or int8_rows
+            if not exact_rows:
+                attn_mask = causal_mask(start, seq, self.device)
+        else:
+            exact_rows = bool(attn_mask[:, :start].all())
+            visible = attn_mask[:, start:] if exact_rows else None
         cos, sin = self._rope(positions)
         x = self.embed[tokens]
         for index, layer in enumerate(self.layers):
-            x = layer(x, index, cache, start, cos, sin, attn_mask, exact_rows)
+            x = layer(x, index, cache, start, cos, sin, attn_mask, exact_rows, visible)
         cache.length = start + seq
         if logits == "none":
             return None

@@ -411,27 +411,64 @@ def test_block_attention_kernel_matches_pytorch_and_is_row_count_invariant(heads
             assert torch.equal(out[i : i + 1], kernels.block_attention(q[i : i + 1], keys, values, start + i))
 
 
+@pytest.mark.parametrize("precision", ["float32", "int8"])
 @pytest.mark.parametrize("name", CONFIGS)
-def test_int8_rows_are_bitwise_the_same_in_any_block(name):
-    """The int8 model computes a token alone (decode step), in a verify block or in a prompt of any
-    length to the same bits: logits and the keys/values it leaves in the cache. Token-level identity
-    tests on tiny models rarely hit a near-tie, so this compares the bits themselves."""
+def test_rows_are_bitwise_the_same_in_any_block(name, precision):
+    """A token computed alone (decode step), in a verify block of up to 65 rows (K = 64, the API's
+    largest) or in a prompt gives the same bits: logits and the keys/values it leaves in the cache.
+    Token-level identity tests on tiny models rarely hit a near-tie, so this compares the bits."""
     from specdecode import kernels
     from specdecode.models.loader import _to_quant_weights
 
     if kernels.load_kernel() is None:
         pytest.skip("no CPU kernel")
     model = make_tiny_model(seed=11, **CONFIGS[name])
-    _to_quant_weights(model)
-    assert isinstance(model.layers[0].qkv, kernels.QuantWeight)
-    tokens = tokens_for(model, 30)
+    if precision == "int8":
+        _to_quant_weights(model)
+        assert isinstance(model.layers[0].qkv, kernels.QuantWeight)
+    tokens = tokens_for(model, 74)
     one_by_one = model.new_cache()
     model(tokens[:4], one_by_one, logits="none")
-    singles = torch.cat([model(tokens[i : i + 1], one_by_one) for i in range(4, 30)])
-    for block in (2, 5, 16, 26):  # 26 rows: a prompt longer than one kernel call
+    singles = torch.cat([model(tokens[i : i + 1], one_by_one) for i in range(4, 74)])
+    for block in (2, 5, 16, 26, 65):  # 26 and 65 rows: more than one kernel call
         cache = model.new_cache()
         model(tokens[:4], cache, logits="none")
-        logits = torch.cat([model(tokens[i : i + block], cache) for i in range(4, 30, block)])
+        logits = torch.cat([model(tokens[i : i + block], cache) for i in range(4, 74, block)])
         assert torch.equal(logits, singles), block
-        assert torch.equal(cache.keys[:, :, :30], one_by_one.keys[:, :, :30]), block
-        assert torch.equal(cache.values[:, :, :30], one_by_one.values[:, :, :30]), block
+        assert torch.equal(cache.keys[:, :, :74], one_by_one.keys[:, :, :74]), block
+        assert torch.equal(cache.values[:, :, :74], one_by_one.values[:, :, :74]), block
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-gqa-bias"])
+def test_tree_nodes_are_bitwise_the_same_nodes_in_a_chain(name, precision):
+    """A token tree's node computes the bits of the same token at the same depth in a plain chain: logits
+    and keys/values. The chain here is 8 verify rows; the tree holds it with a sibling leaf at every depth."""
+    from specdecode import kernels
+    from specdecode.models.loader import _to_quant_weights
+    from specdecode.models.transformer import tree_mask, tree_positions
+
+    if kernels.load_kernel() is None:
+        pytest.skip("no CPU kernel")
+    model = make_tiny_model(seed=12, **CONFIGS[name])
+    if precision == "int8":
+        _to_quant_weights(model)
+    tokens = tokens_for(model, 14)
+    chain_cache, tree_cache = model.new_cache(), model.new_cache()
+    for c in (chain_cache, tree_cache):
+        model(tokens[:6], c, logits="none")
+    chain = tokens[6:14]  # root + 7 drafted tokens
+    chain_logits = model(chain, chain_cache)
+    nodes, parents, chain_index = [int(chain[0])], [], [0]
+    for depth in range(1, 8):  # the chain's token, then a sibling that differs
+        parents.append(chain_index[-1])
+        nodes.append(int(chain[depth]))
+        chain_index.append(len(nodes) - 1)
+        parents.append(chain_index[-2])
+        nodes.append((int(chain[depth]) + 1) % model.config.vocab_size)
+    tree_logits = model(torch.tensor(nodes), tree_cache, positions=tree_positions(6, parents, "cpu"),
+                        attn_mask=tree_mask(6, parents, "cpu"))
+    assert torch.equal(tree_logits[chain_index], chain_logits)
+    rows = [6 + i for i in chain_index]
+    assert torch.equal(tree_cache.keys[:, :, rows], chain_cache.keys[:, :, 6:14])
+    assert torch.equal(tree_cache.values[:, :, rows], chain_cache.values[:, :, 6:14])
