@@ -7,6 +7,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from . import kernels
 from .drafters.base import Draft, Drafter
 from .drafters.draft_model import DraftModelDrafter, TreeDrafter, common_prefix_len
 from .drafters.lookup import PromptLookupDrafter
@@ -15,7 +16,7 @@ from .errors import InputError, ModelError
 from .models.loader import LoadedModel
 from .models.transformer import Transformer, tree_mask, tree_positions
 from .policy import ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule
-from .sampling import SamplingParams, probabilities
+from .sampling import SamplingParams
 from .stats import GenerationStats
 from .tokenizer import StreamDecoder
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
@@ -73,8 +74,14 @@ class Engine:
         self.cache = target.model.new_cache(max_context)
         self.max_context = self.cache.max_len
         self.cached_ids: list[int] = []  # tokens whose keys/values the target cache holds
-        # Prompts up to this size go through the GEMMs in one block: a 708-token prompt took 15-17.5 s
-        # as one block against 17-19.5 s as 512 + 196 rows (the small remainder runs the BLAS below its best).
+        # A float32 target computes blocks of up to FLOAT32_CHUNKED_MAX_ROWS rows row-exactly (larger ones
+        # through the GEMM): prompts fed in such chunks leave in the cache the keys and values decode steps
+        # would have written, so a request that reuses a cached prefix (a chat continuation) gets the tokens
+        # a fresh run gets. int8 targets are row-exact at any size; other targets keep the larger chunks.
+        if isinstance(target.model, Transformer) and target.model.device.type == "cpu" and not isinstance(
+            target.model.layers[0].qkv, kernels.QuantWeight
+        ):
+            prefill_chunk = min(prefill_chunk, kernels.FLOAT32_CHUNKED_MAX_ROWS)
         self.prefill_chunk = prefill_chunk
         self.costs = CostModel()
         # Learned across generations, per drafter: how often the target accepts a draft token of a given
@@ -209,7 +216,7 @@ class Engine:
 
     def _loop(self, prompt_ids, drafter, k, sampling, max_new_tokens, stops, max_k, should_stop):
         stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
-        generator = sampling.generator()
+        noise = sampling.noise()
         if drafter is not None:
             drafter.accept(prompt_ids[:-1])  # drop state from another sequence; keeps a shared prefix
         fixed_k = None if k == "auto" else int(k)
@@ -270,9 +277,9 @@ class Engine:
                     self.draft_prefill_cost[drafter.name] = per_token if old is None else 0.5 * (old + per_token)
                 drafter_ready = True
             t0 = time.perf_counter()
-            draft = drafter.propose(sequence, k_step, sampling, generator) if k_step > 0 else Draft()
+            draft = drafter.propose(sequence, k_step, sampling, noise) if k_step > 0 else Draft()
             t1 = time.perf_counter()
-            accepted_tokens, next_token = self._verify(sequence[-1], draft, sampling, generator)
+            accepted_tokens, next_token = self._verify(sequence, draft, sampling, noise)
             t2 = time.perf_counter()
             block_size = 1 + len(draft.tokens)
             self.cached_ids.append(sequence[-1])
@@ -327,11 +334,11 @@ class Engine:
                 self._finalise(stats, policy)
             yield StreamEvent(delta, kept, origins, stats, finished=finish is not None)
 
-    def _verify(self, last_token: int, draft: Draft, sampling, generator) -> tuple[list[int], int]:
+    def _verify(self, sequence: list[int], draft: Draft, sampling, noise) -> tuple[list[int], int]:
         """One target pass over [last accepted token] + draft; rolls the target cache back to what was kept."""
         device = self.target.model.device
         start = self.cache.length
-        block = [last_token] + draft.tokens
+        block = [sequence[-1]] + draft.tokens
         tokens = torch.tensor(block, device=device)
         if draft.parents is not None:
             logits = self.target.model(
@@ -346,7 +353,7 @@ class Engine:
         if sampling.greedy:
             verdict = verify_greedy(logits, draft.tokens)
         else:
-            verdict = verify_sampling(probabilities(logits, sampling), draft.tokens, draft.probs, generator)
+            verdict = verify_sampling(logits, draft.tokens, sampling, noise, position=len(sequence))
         self.cache.truncate(start + 1 + verdict.accepted)
         return draft.tokens[: verdict.accepted], verdict.next_token
 

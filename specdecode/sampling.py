@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .errors import InputError
@@ -30,13 +32,9 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self) -> torch.Generator:
-        gen = torch.Generator(device="cpu")
-        if self.seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(self.seed)
-        return gen
+    def noise(self) -> "PositionNoise":
+        """The randomness of one generation: from the seed, or a fresh random one."""
+        return PositionNoise(secrets.randbits(63) if self.seed is None else self.seed)
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -55,6 +53,45 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits.softmax(-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token id from probs [V]."""
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+class PositionNoise:
+    """Sampling whose randomness is a function of (seed, position, token id) and of nothing else.
+
+    The token at sequence position n is argmax_i p_n(i) / E(n, i), where the E are independent Exp(1)
+    variables (the exponential race, the Gumbel-max trick in another form): token i wins with
+    probability exactly p_n(i), and a token of probability 0 never wins. E(n, i) comes from a hash of
+    (seed, n, i), not from a stream of draws, so:
+    - plain decoding, speculation with any K or drafter, and any earlier requests give the same text
+      for the same seed: verification is the greedy check against these noisy argmaxes, and the
+      output is, token for token, the seeded plain output;
+    - a draft model that samples its proposals with the same noise agrees with the target whenever
+      their distributions are close (a coupling of the two draws), which keeps acceptance high.
+    """
+
+    _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+    def __init__(self, seed: int):
+        self.seed = np.uint64(seed % 2**64)
+
+    @staticmethod
+    def _mix(z: np.ndarray) -> np.ndarray:
+        """splitmix64's finaliser: a bijection of 64-bit words whose output bits look independent."""
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+    def exponentials(self, position: int, token_ids: np.ndarray) -> np.ndarray:
+        """E(position, i) for each token id: independent Exp(1) draws, the same on every call."""
+        with np.errstate(over="ignore"):
+            key = self._mix(np.array([self.seed + self._GOLDEN * np.uint64(position + 1)], dtype=np.uint64))
+            bits = self._mix(key ^ self._mix(token_ids.astype(np.uint64) * self._GOLDEN + np.uint64(1)))
+        uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
+        return -np.log(uniform)
+
+    def choose(self, probs: torch.Tensor, position: int) -> int:
+        """The token sampled from probs [V] at this sequence position."""
+        p = probs.detach().float().cpu().numpy()
+        support = np.flatnonzero(p > 0)  # tokens outside top-k / top-p cannot win
+        if support.size == 0:
+            raise ValueError("sampling from a distribution with no mass")
+        race = p[support] / self.exponentials(position, support)
+        return int(support[int(np.argmax(race))])

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import sample
+from .sampling import PositionNoise, SamplingParams, probabilities
 
 
 @dataclass(frozen=True)
@@ -32,40 +32,23 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: list[int]) -> Verdi
 
 
 def verify_sampling(
-    target_probs: torch.Tensor,  # [K+1, V] processed target distributions p
-    draft_tokens: list[int],
-    draft_probs: torch.Tensor | None,  # [K, V] processed draft distributions q; None = point masses
-    generator: torch.Generator,
+    target_logits: torch.Tensor, draft_tokens: list[int], params: SamplingParams, noise: PositionNoise, position: int
 ) -> Verdict:
-    """Rejection sampling (Leviathan et al. 2023, Chen et al. 2023): output is distributed exactly as p.
+    """target_logits [K+1, V]: row i scores sequence position `position + i`.
 
-    Token x_i is kept with probability min(1, p_i(x_i) / q_i(x_i)); the first rejected position is
-    resampled from normalise(max(0, p_i - q_i)); when all K survive, a bonus token comes from p_K.
-    A drafter without distributions proposes deterministically, i.e. q_i is a point mass on x_i.
+    The target's token at each position is its seeded draw from the processed distribution of that row
+    (PositionNoise.choose: exactly a sample of p, its randomness a function of seed and position only).
+    Drafts are kept while they equal those draws, so the output is the seeded plain output token for
+    token, whatever was drafted and however; the first differing draw is the correction, and when all K
+    match, the next draw is the bonus token. Each row is processed on its own, as plain decoding
+    processes its single row, and rows after the first mismatch are never processed.
     """
+    for i, proposed in enumerate(draft_tokens):
+        wanted = noise.choose(probabilities(target_logits[i : i + 1], params)[0], position + i)
+        if proposed != wanted:
+            return Verdict(i, wanted)
     k = len(draft_tokens)
-    if k:
-        index = torch.tensor(draft_tokens, device=target_probs.device)
-        rows = torch.arange(k, device=target_probs.device)
-        p_x = target_probs[rows, index].cpu()
-        q_x = draft_probs[rows, index].cpu() if draft_probs is not None else torch.ones(k)
-        uniforms = torch.rand(k, generator=generator)
-        keep = (uniforms * q_x <= p_x).tolist()  # u < p/q without dividing by a zero q
-        for i in range(k):
-            if not keep[i]:
-                return Verdict(i, sample(_residual(target_probs[i], draft_probs, i, draft_tokens[i]), generator))
-    return Verdict(k, sample(target_probs[k], generator))
-
-
-def _residual(p: torch.Tensor, draft_probs: torch.Tensor | None, i: int, token: int) -> torch.Tensor:
-    if draft_probs is None:
-        residual = p.clone()
-        residual[token] = 0.0
-    else:
-        residual = (p - draft_probs[i]).clamp_(min=0.0)
-    total = residual.sum()
-    # Rejection implies p(x) < q(x), so some mass of p lies elsewhere; guard rounding anyway.
-    return residual / total if total > 0 else p
+    return Verdict(k, noise.choose(probabilities(target_logits[k : k + 1], params)[0], position + k))
 
 
 def verify_tree_greedy(target_logits: torch.Tensor, draft_tokens: list[int], parents: list[int]) -> tuple[list[int], int]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,7 +29,7 @@ import specdecode.engine as engine_module
 from specdecode.drafters.base import Draft, Drafter
 from specdecode.engine import Engine
 from specdecode.policy import DraftLengthPolicy, DraftStopRule
-from specdecode.sampling import SamplingParams, probabilities, sample
+from specdecode.sampling import PositionNoise, SamplingParams, probabilities
 from specdecode.verify import Verdict, verify_sampling
 from testlib import as_loaded, chi_square_pvalue, make_tiny_model
 
@@ -37,39 +38,27 @@ FAIL_P = 1e-6  # a broken verifier must be rejected far beyond doubt
 
 
 # --------------------------------------------------------------------------- broken verifiers
-def accept_everything(target_probs, draft_tokens, draft_probs, generator):
+def accept_everything(target_logits, draft_tokens, params, noise, position):
     """Keeps every draft token: the output follows the draft, not the target."""
     k = len(draft_tokens)
-    return Verdict(k, sample(target_probs[k], generator))
+    return Verdict(k, noise.choose(probabilities(target_logits[k : k + 1], params)[0], position + k))
 
 
-def residual_is_p(target_probs, draft_tokens, draft_probs, generator):
-    """Correct acceptance rule, but a rejected position is resampled from p instead of max(0, p - q)."""
-    k = len(draft_tokens)
+def race_inverted(target_logits, draft_tokens, params, noise, position):
+    """Runs the race with p * E instead of p / E: still a function of (seed, position), but not a draw from p."""
+    def draw(i):
+        p = probabilities(target_logits[i : i + 1], params)[0].numpy()
+        support = np.flatnonzero(p > 0)
+        return int(support[np.argmax(p[support] * noise.exponentials(position + i, support))])
+
     for i, token in enumerate(draft_tokens):
-        p_x = float(target_probs[i, token])
-        q_x = float(draft_probs[i, token]) if draft_probs is not None else 1.0
-        if float(torch.rand(1, generator=generator)) * q_x > p_x:
-            return Verdict(i, sample(target_probs[i], generator))
-    return Verdict(k, sample(target_probs[k], generator))
+        wanted = draw(i)
+        if token != wanted:
+            return Verdict(i, wanted)
+    return Verdict(len(draft_tokens), draw(len(draft_tokens)))
 
 
-def ratio_inverted(target_probs, draft_tokens, draft_probs, generator):
-    """Accepts with min(1, q/p) instead of min(1, p/q); the residual is right."""
-    k = len(draft_tokens)
-    for i, token in enumerate(draft_tokens):
-        p_x = float(target_probs[i, token])
-        q_x = float(draft_probs[i, token]) if draft_probs is not None else 1.0
-        if float(torch.rand(1, generator=generator)) * p_x > q_x:
-            residual = (target_probs[i] - (draft_probs[i] if draft_probs is not None else 0)).clamp(min=0)
-            if draft_probs is None:
-                residual = target_probs[i].clone()
-                residual[token] = 0
-            return Verdict(i, sample(residual / residual.sum(), generator))
-    return Verdict(k, sample(target_probs[k], generator))
-
-
-BROKEN = {"accept_everything": accept_everything, "residual_is_p": residual_is_p, "ratio_inverted": ratio_inverted}
+BROKEN = {"accept_everything": accept_everything, "race_inverted": race_inverted}
 
 
 # --------------------------------------------------------------------------- unit level
@@ -83,48 +72,53 @@ def unit_rows(seed):
     return p, q
 
 
-def emitted_position_pvalues(verifier, point_mass: bool, samples: int = 4000, seed: int = 0) -> list[float]:
+DRAFT_MODES = ["coupled-q", "independent-q", "point-mass"]
+
+
+def emitted_position_pvalues(verifier, draft_mode: str, samples: int | None = None, seed: int = 0) -> list[float]:
     """Chi-square p-values of "the i-th token emitted by one step ~ p_i", for i = 0, 1, 2.
 
-    Draft token i comes from q_i (or is fixed, for a point-mass drafter). Given the first i tokens
-    were accepted, emitted token i must follow p_i exactly whatever q is.
+    Draft token i is a draw from q_i with the target's own noise (as the draft model drafts), with
+    unrelated noise, or a fixed token (a point-mass drafter such as prompt lookup). Whatever the draft,
+    emitted token i must follow p_i exactly.
     """
     p, q = unit_rows(seed)
-    gen = torch.Generator().manual_seed(seed + 1)
+    samples = samples or (12000 if draft_mode == "independent-q" else 4000)  # unrelated drafts rarely reach position 2
+    params = SamplingParams(temperature=1.0)
     fixed_draft = [int(p[i].argmax()) for i in range(3)]  # likely enough to reach later positions
     counts = [Counter() for _ in range(3)]
-    for _ in range(samples):
-        if point_mass:
-            draft, draft_probs = fixed_draft, None
+    for n in range(samples):
+        noise = PositionNoise(seed * 1_000_003 + n)
+        if draft_mode == "point-mass":
+            draft = fixed_draft
         else:
-            draft = [int(torch.multinomial(q[i], 1, generator=gen)) for i in range(3)]
-            draft_probs = q
-        emitted = verifier(p, draft, draft_probs, gen).tokens(draft)
+            draft_noise = noise if draft_mode == "coupled-q" else PositionNoise(10**9 + seed * 1_000_003 + n)
+            draft = [draft_noise.choose(q[i], 7 + i) for i in range(3)]
+        emitted = verifier(p.log(), draft, params, noise, 7).tokens(draft)
         for i, token in enumerate(emitted[:3]):
             counts[i][token] += 1
     pvalues = []
-    for i in range(3):
+    for i in range(3):  # positions that enough samples reach (all three for a correct verifier)
         n = sum(counts[i].values())
-        assert n > 300, f"too few samples reach emitted position {i}: {n}"
-        expected = {token: float(p[i, token]) for token in range(VOCAB_UNIT)}
-        pvalues.append(chi_square_pvalue(counts[i], expected, n)[1])
+        if n > 300:
+            expected = {token: float(p[i, token]) for token in range(VOCAB_UNIT)}
+            pvalues.append(chi_square_pvalue(counts[i], expected, n)[1])
     return pvalues
 
 
-@pytest.mark.parametrize("point_mass", [False, True], ids=["draft-q", "point-mass-q"])
-def test_unit_verify_sampling_emits_target_distribution(point_mass):
-    pvalues = emitted_position_pvalues(verify_sampling, point_mass)
-    print(f"unit correct point_mass={point_mass}: p-values {pvalues}")
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_unit_verify_sampling_emits_target_distribution(draft_mode):
+    pvalues = emitted_position_pvalues(verify_sampling, draft_mode)
+    print(f"unit correct {draft_mode}: p-values {pvalues}")
+    assert len(pvalues) == 3, "too few samples reached a later emitted position"
     assert min(pvalues) > PASS_P, f"p-values per emitted position {pvalues}"
 
 
 @pytest.mark.parametrize("broken", BROKEN)
-@pytest.mark.parametrize("point_mass", [False, True], ids=["draft-q", "point-mass-q"])
-def test_unit_statistics_catch_a_broken_verifier(broken, point_mass):
-    if broken == "ratio_inverted" and point_mass:
-        pytest.skip("with q a point mass, min(1, q/p) = 1: the same as accepting everything (covered)")
-    pvalues = emitted_position_pvalues(BROKEN[broken], point_mass)
-    print(f"unit {broken} point_mass={point_mass}: p-values {pvalues}")
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_unit_statistics_catch_a_broken_verifier(broken, draft_mode):
+    pvalues = emitted_position_pvalues(BROKEN[broken], draft_mode)
+    print(f"unit {broken} {draft_mode}: p-values {pvalues}")
     assert min(pvalues) < FAIL_P, f"a broken verifier ({broken}) passed: p-values {pvalues}"
 
 
@@ -263,9 +257,9 @@ def test_engine_samples_follow_the_exact_target_distribution(pair, name):
 
 @pytest.mark.parametrize(
     "name, broken, samples",
-    [("draft-model", "accept_everything", 300), ("draft-model", "residual_is_p", 1000),
-     ("mode-point-mass", "residual_is_p", 800), ("draft-model-top-k-top-p", "residual_is_p", 600),
-     ("draft-model-adaptive-chain", "residual_is_p", 1000), ("lookup-adaptive", "accept_everything", 300)],
+    [("draft-model", "accept_everything", 1000), ("draft-model", "race_inverted", 1000),
+     ("mode-point-mass", "race_inverted", 800), ("draft-model-top-k-top-p", "race_inverted", 600),
+     ("draft-model-adaptive-chain", "race_inverted", 1000), ("lookup-adaptive", "accept_everything", 300)],
 )
 def test_engine_distribution_test_fails_on_a_broken_verifier(pair, name, broken, samples, monkeypatch):
     monkeypatch.setattr(engine_module, "verify_sampling", BROKEN[broken])
@@ -314,6 +308,6 @@ def test_int8_target_samples_follow_its_exact_distribution(int8_pair):
 
 
 def test_int8_target_distribution_test_fails_on_a_broken_verifier(int8_pair, monkeypatch):
-    monkeypatch.setattr(engine_module, "verify_sampling", BROKEN["residual_is_p"])
+    monkeypatch.setattr(engine_module, "verify_sampling", BROKEN["race_inverted"])
     pvalue, stat, df, *_ = run_case(int8_pair, "draft-model", seed_base=40_000, samples=1000)
     assert pvalue < FAIL_P, f"broken verifier passed on the int8 target: chi-square {stat:.1f} on {df} df, p = {pvalue:.2e}"

@@ -12,7 +12,7 @@ GREEDY = SamplingParams()
 
 
 def gen(seed=0):
-    return SamplingParams(temperature=1.0, seed=seed).generator()
+    return SamplingParams(temperature=1.0, seed=seed).noise()
 
 
 # --------------------------------------------------------------------------- prompt lookup
@@ -172,8 +172,9 @@ def test_sampled_proposals_come_with_their_distributions(model):
     assert ((draft.probs > 0).sum(-1) == 20).all()  # processed exactly like the target's rows
     for row, token in enumerate(draft.tokens):
         assert draft.probs[row, token] > 0
-    # same generator seed, same proposal
+    # same seed, same proposal; each token is the seeded draw at its sequence position
     assert DraftModelDrafter(model, max_len=64).propose(CONTEXT, 5, sampling, gen(1)).tokens == draft.tokens
+    assert draft.tokens[0] == gen(1).choose(draft.probs[0], len(CONTEXT))
 
 
 def test_min_confidence_stops_drafting_early(model):

@@ -6,7 +6,7 @@ import torch
 
 from specdecode.engine import Engine
 from specdecode.errors import InputError
-from specdecode.sampling import SamplingParams, probabilities, sample
+from specdecode.sampling import SamplingParams, probabilities
 from testlib import as_loaded, make_tiny_model
 
 
@@ -118,23 +118,22 @@ def test_top_k_then_top_p_combined():
     assert set(torch.nonzero(probs).flatten().tolist()) == set(expected)
 
 
-def test_sample_is_reproducible_with_a_seeded_generator():
+def test_choose_is_reproducible_for_a_seed_and_position():
     probs = torch.softmax(rand_logits(rows=1)[0] / 6, -1)  # a flat distribution
-    draws = [sample(probs, SamplingParams(temperature=1, seed=s).generator()) for s in range(20)]
-    again = [sample(probs, SamplingParams(temperature=1, seed=s).generator()) for s in range(20)]
+    draws = [SamplingParams(temperature=1, seed=s).noise().choose(probs, 5) for s in range(20)]
+    again = [SamplingParams(temperature=1, seed=s).noise().choose(probs, 5) for s in range(20)]
     assert draws == again
     assert len(set(draws)) > 1
-    gen = SamplingParams(temperature=1, seed=7).generator()
-    sequence = [sample(probs, gen) for _ in range(30)]
-    gen = SamplingParams(temperature=1, seed=7).generator()
-    assert sequence == [sample(probs, gen) for _ in range(30)]
+    noise = SamplingParams(temperature=1, seed=7).noise()
+    assert len({noise.choose(probs, position) for position in range(30)}) > 1  # positions draw independently
+    assert SamplingParams(temperature=1).noise().seed != SamplingParams(temperature=1).noise().seed  # no seed: fresh
 
 
-def test_sample_never_draws_a_zero_probability_token():
+def test_choose_never_draws_a_zero_probability_token():
     probs = torch.zeros(10)
     probs[[2, 7]] = torch.tensor([0.25, 0.75])
-    gen = SamplingParams(temperature=1, seed=0).generator()
-    assert {sample(probs, gen) for _ in range(200)} == {2, 7}
+    noise = SamplingParams(temperature=1, seed=0).noise()
+    assert {noise.choose(probs, position) for position in range(200)} == {2, 7}
 
 
 @pytest.mark.parametrize("drafter", ["none", "draft", "lookup"])
@@ -155,3 +154,22 @@ def test_seed_reproducibility_through_the_engine(drafter):
     sampling = SamplingParams(temperature=1.0, top_k=20, top_p=0.95, seed=123)
     assert fresh.generate(prompt, drafter=drafter, k=3, sampling=sampling, max_new_tokens=20).token_ids == first
     assert any(run(seed) != first for seed in (1, 2, 3))
+
+
+def test_a_seeded_generation_is_the_same_text_whatever_k_drafter_or_history():
+    """The randomness is a function of (seed, position): plain decoding, any drafter, fixed or adaptive
+    K, and an engine that served other requests first all give the seeded plain output, token for token."""
+    target = make_tiny_model(seed=20, vocab_size=64)
+    draft = make_tiny_model(seed=21, vocab_size=64)
+    prompt = [1, 2, 3, 4, 1, 2, 3]
+    sampling = SamplingParams(temperature=0.8, top_k=30, top_p=0.95, seed=99)
+    fresh = Engine(as_loaded(target), as_loaded(draft), max_context=128, check_invariants=True)
+    plain = fresh.generate(prompt, drafter="none", sampling=sampling, max_new_tokens=24).token_ids
+    busy = Engine(as_loaded(target), as_loaded(draft), max_context=128, check_invariants=True)
+    for other in range(3):  # other requests first: learned costs, calibrations and caches differ
+        busy.generate([5, 6, 7, other], drafter="draft", sampling=SamplingParams(temperature=1.0), max_new_tokens=10)
+    for drafter in ("draft", "lookup"):
+        for k in (1, 3, 8, "auto"):
+            for engine in (fresh, busy):
+                got = engine.generate(prompt, drafter=drafter, k=k, sampling=sampling, max_new_tokens=24).token_ids
+                assert got == plain, (drafter, k)

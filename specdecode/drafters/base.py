@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..sampling import SamplingParams
+from ..sampling import PositionNoise, SamplingParams
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Drafter:
     def reset(self) -> None:
         """Forget everything about the previous generation."""
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise) -> Draft:
         raise NotImplementedError
 
     def prefill(self, context: list[int]) -> None:

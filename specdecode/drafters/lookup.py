@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingParams
+from ..sampling import PositionNoise, SamplingParams
 from .base import Draft, Drafter
 
 
@@ -70,7 +70,7 @@ class PromptLookupDrafter(Drafter):
                 return best
         return None
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise) -> Draft:
         if k <= 0 or len(context) < 2:
             return Draft()
         self._sync_index(context)
