@@ -169,8 +169,9 @@ def run_bench_cli(args) -> int:
     prompts = load_suite(args.suite, bench_dir, args.limit, categories, args.offset)
     if not prompts:
         raise InputError(f"no prompts left after --offset {args.offset}")
-    engine, drafter = build_engine(args)
-    methods = args.drafters.split(",") if args.drafters else ["ar", "draft" if drafter == "draft" else drafter]
+    requested = args.drafters.split(",") if args.drafters else []
+    engine, drafter = build_engine(args, with_draft_model=bool({"draft", "tree"} & set(requested)))
+    methods = requested or ["ar", drafter]
     methods = [m for m in dict.fromkeys(["ar"] + methods) if m != "none"]
     for m in methods:
         if m not in METHOD_DRAFTERS:

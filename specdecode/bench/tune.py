@@ -29,7 +29,7 @@ def run_tune_cli(args) -> int:
     from ..cli import build_engine
 
     prompts = load_suite(args.suite, find_bench_dir(args.bench_dir), args.limit)
-    engine, _ = build_engine(args)
+    engine, _ = build_engine(args, with_draft_model=True)
     drafters = (["draft"] if engine.draft is not None else []) + ["lookup"]
     max_k = max(SWEEP_K)
     engine.calibrate(max_k, engine.drafter("draft") if engine.draft is not None else None)
