@@ -39,7 +39,10 @@ class SamplingParams:
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits [T, V] -> processed probabilities [T, V] (float32). Not for greedy decoding."""
-    logits = logits.float() / params.temperature
+    logits = logits.float()
+    # Subtracting the maximum before dividing keeps a tiny temperature finite (the top token at 0, the
+    # rest at -inf at worst) where logits / 1e-40 overflowed to inf - inf = NaN.
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -173,3 +173,12 @@ def test_a_seeded_generation_is_the_same_text_whatever_k_drafter_or_history():
             for engine in (fresh, busy):
                 got = engine.generate(prompt, drafter=drafter, k=k, sampling=sampling, max_new_tokens=24).token_ids
                 assert got == plain, (drafter, k)
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-12, 1e308])
+def test_extreme_temperatures_give_a_distribution_not_nan(temperature):
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0 - 1e-6]])
+    probs = probabilities(logits, SamplingParams(temperature=temperature))
+    assert torch.isfinite(probs).all() and abs(float(probs.sum()) - 1.0) < 1e-5
+    if temperature < 1:
+        assert int(probs.argmax()) == 1 and float(probs[0, 1]) > 0.5

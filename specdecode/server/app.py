@@ -226,7 +226,7 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
         check_model(gen.model)
         if gen.drafter in needs_draft_model and engine.draft is None:
             raise ApiError(400, f"drafter '{gen.drafter}' needs a draft model; this server has none (try 'lookup')",
-                           param="speculative.drafter")
+                           param="speculative.drafter", code="drafter_unavailable")
         client = request.client.host if request.client else "?"
         job = Job(gen, user_key=gen.user or client)
         scheduler.submit(job)

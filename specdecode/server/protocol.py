@@ -15,6 +15,7 @@ from ..engine import DRAFTER_NAMES
 CHAT_ROLES = {"system", "user", "assistant", "developer"}
 MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1
+MAX_TEMPERATURE = 2.0  # OpenAI's range
 
 
 class ApiError(Exception):
@@ -185,8 +186,8 @@ def _common(body: dict, kind: str, prompt, max_tokens_field: str = "max_tokens")
     if n != 1:
         raise _bad("n", f"only n=1 is supported, got {n}")
     temperature = _number(body, "temperature", 1.0)
-    if temperature < 0:
-        raise _bad("temperature", f"'temperature' must be >= 0, got {temperature}")
+    if not 0 <= temperature <= MAX_TEMPERATURE:
+        raise _bad("temperature", f"'temperature' must be in 0..{MAX_TEMPERATURE:g}, got {temperature}")
     top_p = _number(body, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise _bad("top_p", f"'top_p' must be in (0, 1], got {top_p}")
@@ -229,8 +230,17 @@ def parse_json_body(raw: bytes) -> dict:
         body = json.loads(text, parse_constant=no_constants)
     except ValueError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise ApiError(400, "the request body nests JSON too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {_describe(body)}", code="invalid_json")
+    try:  # a \ud800-style escape decodes to a lone surrogate, which no tokenizer or response can encode
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "the request body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape)",
+                       code="invalid_encoding") from None
+    except RecursionError:
+        raise ApiError(400, "the request body nests JSON too deeply", code="invalid_json") from None
     return body
 
 

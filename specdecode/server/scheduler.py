@@ -240,9 +240,9 @@ class Scheduler:
         try:  # the engine checks token ids and emptiness; the API names the field at fault
             prompt_ids = engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
         except InputError as exc:
-            raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt") from None
+            raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code="invalid_prompt") from None
         if not prompt_ids:
-            raise ApiError(400, "the prompt is empty", param="prompt")
+            raise ApiError(400, "the prompt is empty", param="prompt", code="empty_prompt")
         room = engine.max_context - len(prompt_ids)
         if room < 1:
             raise ApiError(400, f"the prompt has {len(prompt_ids)} tokens; this model's context holds {engine.max_context}"
@@ -294,7 +294,7 @@ class Scheduler:
             except ApiError as exc:
                 return self._finish(job, ("error", exc))
             except SpecDecodeError as exc:  # InputError / ModelError: the engine's message is for the user
-                return self._finish(job, ("error", ApiError(400, str(exc))))
+                return self._finish(job, ("error", ApiError(400, str(exc), code="invalid_request")))
             job.events.put_nowait(("start", len(prompt_ids)))
             pieces = PieceDecoder(self.engine.tokenizer)
             last = None

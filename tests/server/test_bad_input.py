@@ -60,6 +60,15 @@ CASES = [
     ("streamed prompt longer than context", "completions", body(GOOD, prompt=LONG_PROMPT, stream=True), 400, "prompt"),
     ("token id outside vocabulary", "completions", body(GOOD, prompt=[1, 2, 10**9]), 400, "prompt"),
     ("empty prompt", "completions", body(GOOD, prompt=""), 400, "prompt"),
+    # Each of these answered 500 with a traceback before: a lone surrogate cannot be tokenized or echoed,
+    # deep nesting overflowed the parser's recursion, and extreme temperatures made NaN probabilities.
+    ("lone surrogate in prompt", "completions", b'{"model": "%s", "prompt": "a\\ud800b", "max_tokens": 1}' % MODEL.encode(), 400, None),
+    ("lone surrogate in chat", "chat/completions",
+     b'{"model": "%s", "messages": [{"role": "user", "content": "\\udfff"}], "max_tokens": 1}' % MODEL.encode(), 400, None),
+    ("lone surrogate in model", "completions", b'{"model": "\\ud800", "prompt": "a", "max_tokens": 1}', 400, None),
+    ("json nested 100000 deep", "completions", b'{"model": "x", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
+    ("temperature 1e308", "completions", body(GOOD, temperature=1e308), 400, "temperature"),
+    ("temperature above two", "completions", body(GOOD, temperature=2.5), 400, "temperature"),
 ]
 
 
@@ -72,6 +81,7 @@ def test_bad_request_then_good_request(live_server, name, path, raw, status, par
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
+    assert error["code"], "every 400 names a code a client can branch on"
     good = httpx.post(f"{live_server.api_url}/completions", json=GOOD, timeout=60)
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 1
 

@@ -149,8 +149,8 @@ def test_default_max_tokens_is_capped_by_the_context():
 @pytest.mark.parametrize("prompt, max_tokens, param, code", [
     ("x" * 32, None, "prompt", "context_length_exceeded"),
     ("x" * 20, 13, "max_tokens", "context_length_exceeded"),
-    ([5, 300], 2, "prompt", None),  # a token id outside the vocabulary
-    ("", 2, "prompt", None),
+    ([5, 300], 2, "prompt", "invalid_prompt"),  # a token id outside the vocabulary
+    ("", 2, "prompt", "empty_prompt"),
 ])
 def test_limits_are_checked_before_generation(prompt, max_tokens, param, code):
     engine = FakeEngine(max_context=32)
