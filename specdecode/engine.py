@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -30,7 +31,8 @@ ANSWER_CREDIT = 32
 @dataclass
 class StreamEvent:
     text: str  # new text since the previous event
-    tokens: list[int]  # new tokens of this step
+    tokens: list[int]  # new tokens of this step (a stop string completed a step later can end the answer
+    # before the last of them: the final stats.generated_tokens is the answer's length)
     origins: list[str]  # per token: "draft" (accepted draft), "target" (correction / plain), "bonus"
     stats: GenerationStats
     finished: bool = False
@@ -94,6 +96,7 @@ class Engine:
         self.check_invariants = check_invariants
         self._drafters: dict[str, Drafter] = {}
         self.last_prompt_ids: list[int] = []
+        self._live_generation: object | None = None
 
     def reset(self) -> None:
         """Forget cached prefixes (benchmarks call this so no method inherits another's prefill).
@@ -167,6 +170,8 @@ class Engine:
             tokens.extend(event.tokens)
             origins.extend(event.origins)
             stats = event.stats
+        # A stop string found a step later can end the answer before a token already streamed.
+        del tokens[stats.generated_tokens :], origins[stats.generated_tokens :]
         return GenerationResult("".join(text), tokens, origins, stats, list(self.last_prompt_ids))
 
     def stream(
@@ -246,8 +251,15 @@ class Engine:
         sequence = list(prompt_ids)  # every token the target has confirmed; cache holds all but the last
         emitted_text = ""
         generated: list[int] = []
+        origin_log: list[str] = []  # per generated token: draft / target / bonus
         finish = None
+        # An engine holds one cache: a second stream started on it takes the cache over, and this one
+        # must not resume on the other's keys and values.
+        live = self._live_generation = object()
         while finish is None:
+            if self._live_generation is not live:
+                raise InputError("this generation was interrupted: another generation started on the same engine,"
+                                 " which runs one at a time (finish one stream before starting the next)")
             budget = max_new_tokens - len(generated)
             room = self.cache.max_len - self.cache.length - 1  # positions left after the pending token
             if room < 0:  # the context is full: nothing more can be generated
@@ -286,6 +298,7 @@ class Engine:
             self.cached_ids.extend(accepted_tokens)
             new_tokens = accepted_tokens + [next_token]
             sequence.extend(new_tokens)
+            stats.decoded_tokens += len(new_tokens)
             drafted = draft.chain_length if draft.parents is not None else len(draft.tokens)
             if drafter is not None:
                 drafter.accept(sequence)
@@ -309,9 +322,8 @@ class Engine:
                     finish = "length"
                     break
             origins = origins[: len(kept)]
-            for origin in origins:
-                stats.origins[origin] += 1
             generated.extend(kept)
+            origin_log.extend(origins)
             decoder.push(kept)
             text = decoder.text
             for s in stops:
@@ -319,6 +331,12 @@ class Engine:
                 if pos >= 0:
                     text = text[:pos]
                     finish = "stop"
+                    # The answer ends where the stop string starts: tokens that begin after it are not output.
+                    cut = self._tokens_starting_before(generated, len(text))
+                    kept = kept[: max(0, len(kept) - (len(generated) - cut))]
+                    del generated[cut:], origin_log[cut:]
+                    origins = origins[: len(kept)]
+            stats.origins = Counter(origin_log)
             if finish is None and should_stop is not None and should_stop():
                 finish = "cancelled"
             if finish is None and held_back and not decoder.text.endswith("\ufffd"):
@@ -333,6 +351,13 @@ class Engine:
                 stats.finish_reason = finish
                 self._finalise(stats, policy)
             yield StreamEvent(delta, kept, origins, stats, finished=finish is not None)
+
+    def _tokens_starting_before(self, tokens: list[int], text_end: int) -> int:
+        """How many leading tokens start before character text_end of their decoded text."""
+        n = len(tokens)
+        while n > 0 and len(self.tokenizer.decode(tokens[: n - 1])) >= text_end:
+            n -= 1
+        return n
 
     def _verify(self, sequence: list[int], draft: Draft, sampling, noise) -> tuple[list[int], int]:
         """One target pass over [last accepted token] + draft; rolls the target cache back to what was kept."""

@@ -30,6 +30,9 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     target_passes: int = 0  # decoding passes, the prefill not counted
+    # Tokens those passes confirmed: the output plus an EOS or tokens past a stop string, which a pass
+    # produced even though the answer leaves them out. tau is per pass, so plain decoding's is exactly 1.
+    decoded_tokens: int = 0
     draft_passes: int = 0
     steps_by_k: Counter = field(default_factory=Counter)  # target passes by the number of tokens drafted
     accepted_by_k: Counter = field(default_factory=Counter)  # accepted draft tokens, by the same key
@@ -51,7 +54,7 @@ class GenerationStats:
 
     @property
     def tau(self) -> float | None:
-        return self.generated_tokens / self.target_passes if self.target_passes else None
+        return self.decoded_tokens / self.target_passes if self.target_passes else None
 
     @property
     def tokens_per_s(self) -> float:

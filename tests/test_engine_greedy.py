@@ -243,6 +243,8 @@ def test_eos_inside_a_draft_ends_generation_there(kind, k):
     assert result.finish_reason == "stop"
     assert result.stats.generated_tokens == stop_at
     assert result.text == engine.tokenizer.decode(expected[:stop_at])
+    if kind == "none":
+        assert result.stats.tau == 1.0  # the pass that produced EOS produced one token too
 
 
 @pytest.mark.parametrize("stop_tokens", [1, 2], ids=["one-token-stop", "stop-spanning-two-tokens"])
@@ -261,7 +263,14 @@ def test_stop_string_inside_an_accepted_run(kind, stop_tokens):
     for event in events:  # no event ever shows part of the stop string that is later withdrawn
         emitted += event.text
         assert engine.tokenizer.decode(expected[:stop_at]).startswith(emitted)
-    assert events[-1].finished and events[-1].stats.finish_reason == "stop"
+    stats = events[-1].stats
+    assert events[-1].finished and stats.finish_reason == "stop"
+    # the usage counts the answer only: tokens the target produced past the stop string are not output
+    assert stats.generated_tokens == stop_at == sum(stats.origins.values())
+    streamed = [t for e in events for t in e.tokens]  # may hold a token a later stop string withdrew
+    assert streamed[: stats.generated_tokens] == expected[:stop_at]
+    if kind == "none":
+        assert stats.tau == 1.0  # every plain pass produced one token, whether output or cut
 
 
 @pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "oracle", "tree", "none"])
@@ -478,3 +487,17 @@ def test_real_qwen_05b_float32_target_with_bfloat16_draft():
     for prompt in prompts:
         _, spec = check_real(engine, prompt, "draft", 4, 32, chat=None)
         assert spec.stats.drafted > 0 and spec.stats.accepted > 0
+
+
+def test_a_stream_interrupted_by_another_on_the_same_engine_stops_with_a_clear_error():
+    """One engine holds one cache: a generator resumed after another generation took it over must not
+    continue on the other's keys and values."""
+    target, strong, _ = models("llama")
+    engine = make_engine(target, strong)
+    first = engine.stream(PROMPT, drafter="draft", k=2, max_new_tokens=20)
+    next(first)
+    second = engine.generate([5, 6, 7, 8], drafter="draft", k=2, max_new_tokens=5)
+    assert len(second.token_ids) == 5
+    with pytest.raises(InputError, match="another generation started"):
+        list(first)
+    assert engine.generate(PROMPT, drafter="draft", k=2, max_new_tokens=20).token_ids == reference("llama", tuple(PROMPT), 20)
