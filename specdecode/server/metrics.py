@@ -37,11 +37,14 @@ class ServerMetrics:
                                     buckets=TTFT_BUCKETS, registry=r)
         self.request_duration = Histogram("specdecode_generation_duration_seconds",
                                           "Request arrival to last token", buckets=TTFT_BUCKETS, registry=r)
+        self.decode_speed = Histogram("specdecode_decode_tokens_per_second",
+                                      "Generated tokens per second of decoding (prompt prefill left out), per generation",
+                                      ["drafter"], buckets=(1, 2, 5, 10, 15, 20, 30, 40, 60, 80, 120, 200, 400), registry=r)
         self.queue_depth = Gauge("specdecode_queue_depth", "Requests waiting for the engine", registry=r)
         self.running = Gauge("specdecode_requests_running", "Requests being generated (0 or 1)", registry=r)
         info = Gauge("specdecode_model_info", "The served model", ["model"], registry=r)
         info.labels(model=model_name).set(1)
-        self._totals: dict[str, list[int]] = {}  # drafter -> [drafted, accepted, generated, passes]
+        self._totals: dict[str, list[int]] = {}  # drafter -> [drafted, accepted, decoded, passes]
 
     def record_generation(self, stats: GenerationStats) -> None:
         drafter = stats.drafter
@@ -50,14 +53,17 @@ class ServerMetrics:
         self.drafted_tokens.labels(drafter).inc(stats.drafted)
         self.accepted_tokens.labels(drafter).inc(stats.accepted)
         self.target_passes.labels(drafter).inc(stats.target_passes)
+        decode_seconds = stats.time_total - stats.time_prefill
+        if stats.generated_tokens and decode_seconds > 0:
+            self.decode_speed.labels(drafter).observe(stats.generated_tokens / decode_seconds)
         totals = self._totals.setdefault(drafter, [0, 0, 0, 0])
-        for i, value in enumerate((stats.drafted, stats.accepted, stats.generated_tokens, stats.target_passes)):
+        for i, value in enumerate((stats.drafted, stats.accepted, stats.decoded_tokens, stats.target_passes)):
             totals[i] += value
-        drafted, accepted, generated, passes = totals
+        drafted, accepted, decoded, passes = totals
         if drafted:
             self.acceptance_rate.labels(drafter).set(accepted / drafted)
         if passes:
-            self.tokens_per_pass.labels(drafter).set(generated / passes)
+            self.tokens_per_pass.labels(drafter).set(decoded / passes)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -141,7 +141,7 @@ def test_metrics_exposition(client, live_server):
     client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=4, extra_body={"speculative": {"drafter": "draft", "k": 3}}, **GREEDY)
     text = httpx.get(live_server.base_url + "/metrics").text
     for name in ("specdecode_requests_total", "specdecode_errors_total", "specdecode_generated_tokens_total",
-                 "specdecode_acceptance_rate", "specdecode_tokens_per_target_pass",
+                 "specdecode_acceptance_rate", "specdecode_tokens_per_target_pass", "specdecode_decode_tokens_per_second_bucket",
                  "specdecode_time_to_first_token_seconds_bucket", "specdecode_inter_token_latency_seconds_bucket",
                  "specdecode_queue_depth"):
         assert name in text, name
