@@ -186,15 +186,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------ lifecycle
     async def warmup(self) -> None:
-        """Measure the verify costs the adaptive K needs now, so the first request does not pay for it."""
-        if self.default_drafter in ("none", None):
-            return
+        """Measure the costs the adaptive K needs for every drafter this server offers, before it reports
+        ready, so no request pays for them (the first lookup request took ~20 s otherwise)."""
+        names = ["lookup"] + (["draft"] if self.engine.draft is not None else [])
         loop = asyncio.get_running_loop()
-        try:
-            drafter = self.engine.drafter(self.default_drafter)
-            await loop.run_in_executor(self.executor, self.engine.calibrate, self.max_k, drafter)
-        except Exception:  # a warm-up failure must not keep the server down; requests calibrate lazily
-            log.exception("warm-up calibration failed")
+        for name in names:
+            try:
+                drafter = self.engine.drafter(name)
+                await loop.run_in_executor(self.executor, self.engine.calibrate, self.max_k, drafter)
+            except Exception:  # a warm-up failure must not keep the server down; requests calibrate lazily
+                log.exception("warm-up calibration of %s failed", name)
 
     def begin_shutdown(self) -> None:
         """Refuse new work, fail the queued requests, cancel the one in flight. Event-loop thread only."""

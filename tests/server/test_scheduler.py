@@ -202,3 +202,21 @@ def test_queue_full_is_a_429_with_retry_after():
 
     error = asyncio.run(scenario())
     assert error.status == 429 and error.code == "queue_full" and int(error.headers["Retry-After"]) >= 1
+
+
+def test_warmup_measures_every_offered_drafter_before_the_first_request():
+    """Whatever the default drafter, a request naming another one must not pay for its cost calibration."""
+    from specdecode.engine import Engine
+    from testlib import as_loaded, make_tiny_model
+
+    target, draft = make_tiny_model(seed=3), make_tiny_model(seed=4)
+    engine = Engine(as_loaded(target), as_loaded(draft), max_context=128)
+    scheduler = Scheduler(engine, "draft", 4, ServerMetrics("tiny"))
+    asyncio.run(scheduler.warmup())
+    scheduler.close()
+    for name in ("lookup", "draft"):
+        drafter = engine.drafter(name)
+        assert engine.costs.known(engine.resolve_max_k(None, drafter)), name
+    assert "draft" in engine.costs.draft
+    result = engine.generate([1, 2, 3, 1, 2], drafter="lookup", max_new_tokens=4)
+    assert not any("measured target/draft costs" in note for note in result.stats.notes)
