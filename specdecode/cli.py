@@ -272,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"))
     s.add_argument("--queue-size", type=int, default=16)
+    s.add_argument("--shutdown-grace", type=float, default=30.0,
+                   help="seconds a SIGTERM waits for running and queued requests before cutting them (default 30)")
     s.set_defaults(func=cmd_serve)
     return parser
 

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -369,12 +370,34 @@ def run_server(args) -> int:
     app = create_app(engine, drafter, model_name, api_key=args.api_key, queue_size=args.queue_size, warmup=True)
     scheduler: Scheduler = app.state.scheduler
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):
-            scheduler.begin_shutdown_threadsafe()  # in-flight generation stops at its next step
-            super().handle_exit(sig, frame)
+    grace = max(0.0, float(args.shutdown_grace))
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
+    class Server(uvicorn.Server):
+        """On SIGTERM/SIGINT: keep listening but answer new requests 503 + Retry-After, finish the running
+        and queued generations, then stop; past `grace` seconds cut what still runs (finish_reason
+        "length", queued requests get a 503 error) and stop. A second signal stops at once."""
+
+        draining = False
+
+        def handle_exit(self, sig, frame):
+            if self.draining:
+                scheduler.begin_shutdown_threadsafe()
+                return super().handle_exit(sig, frame)
+            self.draining = True
+            scheduler.begin_drain()  # a flag the event loop reads: safe from the signal handler
+            threading.Thread(target=self._exit_when_drained, args=(sig, frame), daemon=True).start()
+
+        def _exit_when_drained(self, sig, frame):
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and not scheduler.idle():
+                time.sleep(0.05)
+            if not scheduler.idle():
+                scheduler.begin_shutdown_threadsafe()  # the running generation ends at its next step
+                while time.monotonic() < deadline + 10 and not scheduler.idle():
+                    time.sleep(0.05)
+            super().handle_exit(sig, frame)  # uvicorn then lets open responses finish sending
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=15)
     server = Server(config)
     # uvicorn re-raises the caught signal after its graceful shutdown; for SIGTERM that would end the
     # process with status -15. This handler (restored by uvicorn before re-raising) swallows it: exit 0.

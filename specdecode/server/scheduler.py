@@ -212,6 +212,13 @@ class Scheduler:
         if self.running is not None and self.running.cancel("shutdown"):
             self.metrics.cancelled.labels("shutdown").inc()
 
+    def begin_drain(self) -> None:
+        """Refuse new work (503 with Retry-After) but finish the running and queued requests."""
+        self.shutting_down = True
+
+    def idle(self) -> bool:
+        return self.running is None and len(self.queue) == 0
+
     def begin_shutdown_threadsafe(self) -> None:
         """For signal handlers: flag at once (the running generation polls it), clean up on the loop."""
         self._halt = True
@@ -272,9 +279,11 @@ class Scheduler:
         if event is None:
             return None
         stats = event.stats
+        # "cancelled" is the engine's word; the only client that can still read it is one whose generation
+        # the server cut at shutdown, for which OpenAI's vocabulary says "length".
+        reason = ("length" if stats.finish_reason == "cancelled" else stats.finish_reason) if event.finished else None
         return Step(event.text, list(event.tokens), list(event.origins), [pieces.push(t) for t in event.tokens],
-                    stats.brief(), event.finished, stats.finish_reason if event.finished else None,
-                    stats if event.finished else None)
+                    stats.brief(), event.finished, reason, stats if event.finished else None)
 
     def _finish(self, job: Job, event: tuple) -> None:
         """Hand the job its last event; from here on a disconnect of its client cancels nothing."""
