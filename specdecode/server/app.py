@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -30,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import DRAFTER_NAMES
 from ..errors import InputError
+from .exposure import ExposureGuard, LOOPBACK, default_allowed_hosts
 from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion, parse_json_body
 from .scheduler import Job, Scheduler, Step
@@ -138,8 +140,10 @@ def _playground_html() -> str:
 
 
 def create_app(engine, default_drafter: str, model_name: str, api_key: str | None = None, queue_size: int = 16,
-               *, default_max_tokens: int = 256, max_k: int | None = None, warmup: bool = False) -> FastAPI:
-    """The ASGI app around one engine. `default_drafter` is used when a request names none."""
+               *, default_max_tokens: int = 256, max_k: int | None = None, warmup: bool = False,
+               allowed_hosts: set[str] | None = None, cors_origins: list[str] = ()) -> FastAPI:
+    """The ASGI app around one engine. `default_drafter` is used when a request names none.
+    allowed_hosts: the Host names it answers to (None: any); cors_origins: other origins browsers may call it from."""
     if queue_size < 1:
         raise InputError(f"the queue size must be at least 1, got {queue_size}")
     metrics = ServerMetrics(model_name)
@@ -169,6 +173,7 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
     app.state.scheduler = scheduler
     app.state.metrics = metrics
     app.state.engine = engine
+    app.add_middleware(ExposureGuard, allowed_hosts=allowed_hosts, cors_origins=list(cors_origins), api_key=api_key)
     app.add_middleware(RequestCounter, metrics=metrics)
 
     # ------------------------------------------------------------------ errors, all in OpenAI's shape
@@ -201,6 +206,11 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     async def read_body(request: Request) -> dict:
+        # A browser sends text/plain across origins without asking first; JSON only is part of the defence.
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise ApiError(415, f"send the request body as application/json (got '{media_type or 'no content type'}')",
+                           code="unsupported_media_type")
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
@@ -367,7 +377,14 @@ def run_server(args) -> int:
         raise InputError(f"--queue-size must be at least 1, got {args.queue_size}")
     engine, drafter = build_engine(args)
     model_name = os.path.basename(str(args.model).rstrip("/")) if os.path.exists(str(args.model)) else args.model
-    app = create_app(engine, drafter, model_name, api_key=args.api_key, queue_size=args.queue_size, warmup=True)
+    allowed_hosts = default_allowed_hosts(args.host)
+    if args.allowed_hosts:
+        allowed_hosts = (allowed_hosts or set()) | {h.strip() for h in args.allowed_hosts.split(",") if h.strip()} | {args.host}
+    if args.host.strip("[]").lower() not in LOOPBACK and not args.api_key:
+        print(f"specdecode: warning: serving on {args.host} without an API key: anyone who can reach this address can"
+              " use the model (set SPECDECODE_API_KEY or --api-key)", file=sys.stderr, flush=True)
+    app = create_app(engine, drafter, model_name, api_key=args.api_key, queue_size=args.queue_size, warmup=True,
+                     allowed_hosts=allowed_hosts, cors_origins=args.cors_origin or [])
     scheduler: Scheduler = app.state.scheduler
 
     grace = max(0.0, float(args.shutdown_grace))

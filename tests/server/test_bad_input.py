@@ -122,9 +122,52 @@ def test_api_key_accepted_by_openai_client(small_server):
     good = openai.OpenAI(base_url=small_server.api_url, api_key=API_KEY, max_retries=0, timeout=60)
     response = good.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=2, temperature=0)
     assert response.usage.completion_tokens == 2 and response.usage.model_extra["drafter"] == "lookup"
-    # the open endpoints stay open
+    # /health stays open; the operational pages need the key too
     assert httpx.get(small_server.base_url + "/health").status_code == 200
-    assert httpx.get(small_server.base_url + "/metrics").status_code == 200
+    for page in ("/metrics", "/docs", "/openapi.json"):
+        assert httpx.get(small_server.base_url + page).status_code == 401, page
+        assert httpx.get(small_server.base_url + page, headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200, page
+
+
+def test_plain_text_bodies_are_refused(live_server):
+    """A web page can POST text/plain across origins without a preflight: the API takes JSON only."""
+    response = httpx.post(live_server.api_url + "/completions", content=json.dumps(GOOD), headers={"Content-Type": "text/plain"})
+    assert response.status_code == 415 and response.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_foreign_origins_and_hosts_are_refused(live_server, models):
+    """Browser requests from another origin get 403; the server's own origin (the playground) works.
+    With a Host list (loopback binds get one by default), another Host (DNS rebinding) gets 421;
+    an origin named with --cors-origin gets CORS headers and preflight answers."""
+    from specdecode.engine import Engine
+    from specdecode.server.app import create_app
+    from specdecode.server.exposure import default_allowed_hosts
+
+    from .conftest import start_server
+
+    url = live_server.api_url + "/completions"
+    foreign = httpx.post(url, json=GOOD, headers={"Origin": "http://evil.example"})
+    assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "origin_not_allowed"
+    own = httpx.post(url, json=GOOD, headers={"Origin": live_server.base_url})
+    assert own.status_code == 200
+    engine = Engine(models[0], None, max_context=256)
+    app = create_app(engine, "lookup", MODEL, allowed_hosts=default_allowed_hosts("127.0.0.1"),
+                     cors_origins=["https://app.example"])
+    guarded = start_server(app, engine)
+    try:
+        rebound = httpx.post(guarded.api_url + "/completions", json=GOOD, headers={"Host": "attacker.example"})
+        assert rebound.status_code == 421 and rebound.json()["error"]["code"] == "host_not_allowed"
+        by_name = guarded.api_url.replace("127.0.0.1", "localhost")
+        assert httpx.post(by_name + "/completions", json=GOOD).status_code == 200
+        preflight = httpx.options(guarded.api_url + "/completions", headers={
+            "Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
+        assert preflight.status_code == 204
+        assert preflight.headers["access-control-allow-origin"] == "https://app.example"
+        allowed = httpx.post(guarded.api_url + "/completions", json=GOOD, headers={"Origin": "https://app.example"})
+        assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "https://app.example"
+        assert httpx.post(guarded.api_url + "/completions", json=GOOD, headers={"Origin": "http://evil.example"}).status_code == 403
+    finally:
+        guarded.stop()
 
 
 def test_errors_are_counted(live_server):

@@ -121,4 +121,4 @@ def test_full_queue_answers_429_then_recovers(small_server):
     again = httpx.post(small_server.api_url + "/completions", headers=headers, timeout=60,
                        json={"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 2, "temperature": 0})
     assert again.status_code == 200
-    assert 'specdecode_errors_total{kind="queue_full"} 2.0' in httpx.get(base + "/metrics").text
+    assert 'specdecode_errors_total{kind="queue_full"} 2.0' in httpx.get(base + "/metrics", headers=headers).text
