@@ -1,6 +1,7 @@
 """Tokenizer wrapper: encoding, chat templates, incremental detokenization."""
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -25,6 +26,13 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.hf)
+
+    @functools.cached_property
+    def longest_token_bytes(self) -> int:
+        """At most how many bytes of text one token stands for: the UTF-8 length of the longest vocabulary
+        string (byte-level BPE spells each byte with one character, SentencePiece spells text as itself).
+        A text of more than n times this many bytes cannot fit in n tokens."""
+        return max((len(token.encode("utf-8")) for token in self.hf.get_vocab()), default=1)
 
     @property
     def has_chat_template(self) -> bool:

@@ -211,13 +211,17 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
         if media_type != "application/json":
             raise ApiError(415, f"send the request body as application/json (got '{media_type or 'no content type'}')",
                            code="unsupported_media_type")
+        too_large = ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
-        raw = await request.body()
-        if len(raw) > MAX_BODY_BYTES:
-            raise ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
-        return parse_json_body(raw)
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in request.stream():  # a chunked upload declares no length: count as it arrives
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise too_large
+            chunks.append(chunk)
+        return parse_json_body(b"".join(chunks))
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -240,6 +244,7 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
                            param="speculative.drafter", code="drafter_unavailable")
         client = request.client.host if request.client else "?"
         job = Job(gen, user_key=gen.user or client)
+        job.prompt_ids = await scheduler.tokenize(gen)
         scheduler.submit(job)
         watch = DisconnectWatch(request)
         try:

@@ -36,6 +36,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     state: str = "queued"  # queued | running | done
     cancel_reason: str | None = None
+    prompt_ids: list[int] | None = None  # tokenized before queueing (Scheduler.tokenize); else on the engine thread
 
     def cancel(self, reason: str) -> bool:
         """Ask the generation to stop at its next step. False when it had already finished."""
@@ -242,13 +243,29 @@ class Scheduler:
     def _should_stop(self, job: Job):
         return lambda: job.cancel_reason is not None or self._halt
 
-    def _begin(self, job: Job):
-        """Engine thread: tokenize, check the limits, start the stream (the engine validates eagerly)."""
-        request, engine = job.request, self.engine
+    async def tokenize(self, request: GenerationRequest) -> list[int]:
+        """Before queueing, off the engine thread: a long prompt must not hold up the generations running.
+        A text too long to fit the context at the tokenizer's longest token is refused without tokenizing."""
+        texts = [request.prompt] if isinstance(request.prompt, str) else (
+            [m["content"] for m in request.prompt if isinstance(m, dict)] if isinstance(request.prompt, list) else [])
+        size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts if isinstance(t, str))
+        tokenizer = self.engine.tokenizer
+        if size and size > self.engine.max_context * await asyncio.to_thread(lambda: tokenizer.longest_token_bytes):
+            raise ApiError(400, f"the prompt has {size} bytes, more than this model's context of {self.engine.max_context}"
+                           " tokens can hold", param="messages" if request.kind == "chat" else "prompt",
+                           code="context_length_exceeded")
+        return await asyncio.to_thread(self._encode, request)
+
+    def _encode(self, request: GenerationRequest) -> list[int]:
         try:  # the engine checks token ids and emptiness; the API names the field at fault
-            prompt_ids = engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
+            return self.engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
         except InputError as exc:
             raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code="invalid_prompt") from None
+
+    def _begin(self, job: Job):
+        """Engine thread: check the limits, start the stream (the engine validates eagerly)."""
+        request, engine = job.request, self.engine
+        prompt_ids = job.prompt_ids if job.prompt_ids is not None else self._encode(request)
         if not prompt_ids:
             raise ApiError(400, "the prompt is empty", param="prompt", code="empty_prompt")
         room = engine.max_context - len(prompt_ids)

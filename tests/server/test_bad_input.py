@@ -174,3 +174,28 @@ def test_errors_are_counted(live_server):
     text = httpx.get(live_server.base_url + "/metrics").text
     assert 'specdecode_errors_total{kind="invalid_json"}' in text
     assert 'specdecode_errors_total{kind="model_not_found"}' in text
+
+
+def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(live_server):
+    """A 3.9 MB prompt took seconds to tokenize on the engine thread before its 400: the byte count alone
+    shows it cannot fit (the tokenizer's longest token times the context)."""
+    huge = dict(GOOD, prompt="word " * 780_000)
+    response = httpx.post(live_server.api_url + "/completions", json=huge, timeout=60)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "bytes" in error["message"] and error["param"] == "prompt"
+
+
+def test_a_chunked_upload_past_the_body_limit_is_refused(live_server):
+    """No Content-Length to check up front: the limit holds while the body streams in. (The server also
+    answered 413 before, but only after buffering the whole body; this checks the answer, not the memory.)"""
+    def body():
+        yield b'{"model": "x", "prompt": "'
+        for _ in range(80):
+            yield b"a" * 65536
+        yield b'"}'
+
+    response = httpx.post(live_server.api_url + "/completions", content=body(), timeout=60,
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
+    assert httpx.post(live_server.api_url + "/completions", json=GOOD, timeout=60).status_code == 200
