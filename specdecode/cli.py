@@ -268,8 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with a playground page")
     _add_model_args(s)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     s.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SPECDECODE_API_KEY, which keeps the key out of ps)")
     s.add_argument("--allowed-hosts", default=None,
@@ -277,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
                         " names only, against DNS rebinding)")
     s.add_argument("--cors-origin", action="append", default=None,
                    help="a browser origin (e.g. https://app.example) allowed to call the API; repeatable. Other origins get 403")
-    s.add_argument("--queue-size", type=int, default=16)
+    s.add_argument("--queue-size", type=int, default=16,
+                   help="requests that may wait while one generates (default 16); beyond it 429 with Retry-After")
     s.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds a SIGTERM waits for running and queued requests before cutting them (default 30)")
     s.set_defaults(func=cmd_serve)
