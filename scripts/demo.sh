@@ -6,5 +6,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/specdecode models pull qwen2.5-coder-1.5b qwen2.5-coder-0.5b
-prompt=${1:-"Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."}
+prompt=${1:-"Add type hints and a docstring to this Python function, and return the whole function:
+
+def merge_sorted(left, right):
+    result = []
+    i = j = 0
+    while i < len(left) and j < len(right):
+        if left[i] <= right[j]:
+            result.append(left[i])
+            i += 1
+        else:
+            result.append(right[j])
+            j += 1
+    result.extend(left[i:])
+    result.extend(right[j:])
+    return result"}
 .venv/bin/specdecode generate --show-drafts --stats --max-new-tokens 200 "$prompt"
