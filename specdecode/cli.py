@@ -73,10 +73,7 @@ def _default_drafter(args, target) -> str:
     drafting with it did not pay (HumanEval: 0.99x plain, against 1.8x for prompt lookup), so an int8
     target on the CPU drafts by lookup. The float32 target, and GPUs, keep the draft model by default.
     """
-    from . import kernels
-
-    layers = getattr(target.model, "layers", None)  # native models; the transformers adapter has none
-    int8 = bool(layers) and isinstance(layers[0].qkv, kernels.QuantWeight)
+    int8 = getattr(target.model, "int8", False)  # native models; the transformers adapter is never int8
     if args.model == registry.DEFAULT_TARGET and not int8:
         return registry.DEFAULT_DRAFT
     return "lookup"

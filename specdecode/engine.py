@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -80,9 +79,7 @@ class Engine:
         # through the GEMM): prompts fed in such chunks leave in the cache the keys and values decode steps
         # would have written, so a request that reuses a cached prefix (a chat continuation) gets the tokens
         # a fresh run gets. int8 targets are row-exact at any size; other targets keep the larger chunks.
-        if isinstance(target.model, Transformer) and target.model.device.type == "cpu" and not isinstance(
-            target.model.layers[0].qkv, kernels.QuantWeight
-        ):
+        if isinstance(target.model, Transformer) and target.model.device.type == "cpu" and not target.model.int8:
             prefill_chunk = min(prefill_chunk, kernels.FLOAT32_CHUNKED_MAX_ROWS)
         self.prefill_chunk = prefill_chunk
         self.costs = CostModel()
@@ -324,6 +321,7 @@ class Engine:
             origins = origins[: len(kept)]
             generated.extend(kept)
             origin_log.extend(origins)
+            stats.origins.update(origins)
             decoder.push(kept)
             text = decoder.text
             for s in stops:
@@ -334,9 +332,10 @@ class Engine:
                     # The answer ends where the stop string starts: tokens that begin after it are not output.
                     cut = self._tokens_starting_before(generated, len(text))
                     kept = kept[: max(0, len(kept) - (len(generated) - cut))]
+                    stats.origins.subtract(origin_log[cut:])
+                    stats.origins = +stats.origins  # drop kinds whose count fell to 0
                     del generated[cut:], origin_log[cut:]
                     origins = origins[: len(kept)]
-            stats.origins = Counter(origin_log)
             if finish is None and should_stop is not None and should_stop():
                 finish = "cancelled"
             if finish is None and held_back and not decoder.text.endswith("\ufffd"):

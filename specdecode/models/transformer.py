@@ -123,6 +123,11 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.embed.device
 
+    @property
+    def int8(self) -> bool:
+        """Whether the matrices are GGUF blocks times int8 activations (row-exact at any block size)."""
+        return isinstance(self.layers[0].qkv, kernels.QuantWeight)
+
     def output_weight(self) -> torch.Tensor:
         return self.embed if self.lm_head is None else self.lm_head
 
@@ -166,8 +171,7 @@ class Transformer(nn.Module):
         # through the kernel in chain order. Other prompt-sized blocks use one masked call.
         visible = None
         if attn_mask is None:
-            int8_rows = isinstance(self.layers[0].qkv, kernels.QuantWeight)
-            exact_rows = seq <= kernels.FLOAT32_CHUNKED_MAX_ROWS or int8_rows
+            exact_rows = seq <= kernels.FLOAT32_CHUNKED_MAX_ROWS or self.int8
             if not exact_rows:
                 attn_mask = causal_mask(start, seq, self.device)
         else:

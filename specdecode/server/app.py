@@ -12,7 +12,6 @@ the running speculation statistics; the playground colours tokens from it.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine import DRAFTER_NAMES
 from ..errors import InputError
-from .exposure import ExposureGuard, LOOPBACK, default_allowed_hosts
+from .exposure import LOOPBACK, ExposureGuard, bearer_key_matches, default_allowed_hosts
 from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion, parse_json_body
 from .scheduler import Job, Scheduler, Step
@@ -200,8 +199,7 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
     def check_api_key(request: Request) -> None:
         if not api_key:
             return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        if not bearer_key_matches(request.headers.get("authorization", ""), api_key):
             raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 

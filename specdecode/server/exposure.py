@@ -16,6 +16,12 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 KEYED_PAGES = {"/metrics", "/docs", "/openapi.json", "/docs/oauth2-redirect"}
 
 
+def bearer_key_matches(authorization: str, api_key: str) -> bool:
+    """Whether an Authorization header carries `Bearer <api_key>` (compared in constant time)."""
+    scheme, _, token = authorization.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
 def default_allowed_hosts(bound_host: str) -> set[str] | None:
     """Loopback binds answer to loopback names only; other binds to any name unless --allowed-hosts says."""
     host = bound_host.strip("[]").lower()
@@ -65,7 +71,7 @@ class ExposureGuard:
                         (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
                         (b"access-control-allow-headers", b"authorization, content-type"),
                         (b"access-control-max-age", b"600")]}, {"type": "http.response.body", "body": b""})
-        if self.api_key and scope.get("path") in KEYED_PAGES and not self._has_key(headers):
+        if self.api_key and scope.get("path") in KEYED_PAGES and not bearer_key_matches(headers.get("authorization", ""), self.api_key):
             return await self._reply(send, *_error(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                                                    "invalid_api_key", [(b"www-authenticate", b"Bearer")]))
 
@@ -75,10 +81,6 @@ class ExposureGuard:
             await send(message)
 
         await self.app(scope, receive, send_with_cors)
-
-    def _has_key(self, headers: dict[str, str]) -> bool:
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
 
     @staticmethod
     async def _reply(send, start, body):
