@@ -7,6 +7,7 @@ import os
 import sys
 
 from . import registry
+from .build import build_engine, parse_k
 from .errors import SpecDecodeError
 
 COLOURS = {"draft": "\033[32m", "target": "\033[33m", "bonus": "\033[36m"}
@@ -47,76 +48,12 @@ def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
 
 
-def _parse_k(value: str):
-    if value == "auto":
-        return "auto"
-    try:
-        return int(value)
-    except ValueError:
-        raise SpecDecodeError(f"--k must be an integer or 'auto', got {value!r}") from None
-
-
-def _draft_dtype(requested: str, target) -> str:
-    """int8 halves what a bfloat16 draft streams per token, but only the CPU kernel reads it directly."""
-    if requested != "auto":
-        return requested
-    from . import kernels
-
-    on_cpu = getattr(target.model, "device", None) is not None and target.model.device.type == "cpu"
-    return "int8" if on_cpu and target.backend == "native" and kernels.load_kernel() is not None else "bfloat16"
-
-
-def _default_drafter(args, target) -> str:
-    """Prompt lookup, free to run, for every target; the default draft model only where it pays.
-
-    Against the int8 target a 0.5B draft step costs about half a target step, and the adaptive K found
-    drafting with it did not pay (HumanEval: 0.99x plain, against 1.8x for prompt lookup), so an int8
-    target on the CPU drafts by lookup. The float32 target, and GPUs, keep the draft model by default.
-    """
-    int8 = getattr(target.model, "int8", False)  # native models; the transformers adapter is never int8
-    if args.model == registry.DEFAULT_TARGET and not int8:
-        return registry.DEFAULT_DRAFT
-    return "lookup"
-
-
-def build_engine(args, need_draft: bool = True, with_draft_model: bool = False):
-    """Load target (and draft) as the flags say; returns (engine, drafter name). with_draft_model: load the
-    default draft model with the default target even where the default drafter does not use it (bench)."""
-    import torch
-
-    from .engine import Engine
-    from .models.loader import load_model
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target = load_model(args.model, device=args.device, dtype=args.precision, max_context=args.ctx)
-    draft_spec = getattr(args, "draft", None)
-    if draft_spec is None:
-        draft_spec = _default_drafter(args, target) if need_draft else "none"
-        if with_draft_model and args.model == registry.DEFAULT_TARGET:
-            draft_spec = registry.DEFAULT_DRAFT
-    draft = None
-    drafter = draft_spec
-    if draft_spec not in ("none", "lookup"):
-        from .errors import UnsupportedDtype
-
-        draft_dtype = _draft_dtype(args.draft_dtype, target)
-        try:
-            draft = load_model(draft_spec, device=args.device, dtype=draft_dtype, max_context=args.ctx)
-        except UnsupportedDtype:
-            if args.draft_dtype != "auto":
-                raise
-            draft = load_model(draft_spec, device=args.device, dtype="bfloat16", max_context=args.ctx)
-        drafter = "draft"
-    return Engine(target, draft, max_context=args.ctx), drafter
-
-
 def cmd_generate(args) -> int:
     from .sampling import SamplingParams
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    k = _parse_k(args.k)
+    k = parse_k(args.k)
     engine, drafter = build_engine(args)
     colour = args.show_drafts
     stream = engine.stream(

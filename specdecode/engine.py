@@ -10,7 +10,7 @@ import torch
 from . import kernels
 from .drafters.base import Draft, Drafter
 from .drafters.draft_model import DraftModelDrafter, TreeDrafter, common_prefix_len
-from .drafters.lookup import PromptLookupDrafter
+from .drafters.registry import drafter_spec
 from .drafters.vocab import frequent_token_ids
 from .errors import InputError, ModelError
 from .models.loader import LoadedModel
@@ -21,7 +21,6 @@ from .stats import GenerationStats
 from .tokenizer import StreamDecoder
 from .verify import verify_greedy, verify_sampling, verify_tree_greedy
 
-DRAFTER_NAMES = ("none", "draft", "lookup", "tree")
 # Tokens an answer is assumed to still have before it has shown more: the draft model reads a prompt
 # at once only if drafting that many tokens would repay the read (see Engine._draft_prefill_pays).
 ANSWER_CREDIT = 32
@@ -109,24 +108,17 @@ class Engine:
     def drafter(self, name: str | Drafter | None, min_confidence: float = 0.0) -> Drafter | None:
         if name is None or isinstance(name, Drafter):
             return name
-        if name in ("none", "ar", "plain"):
+        spec = drafter_spec(name)
+        if spec.build is None:
             return None
-        if name == "draft":
-            if self.draft is None:
-                raise InputError("drafter 'draft' needs a draft model (load the engine with one)")
-            drafter = self._drafters.get("draft")
-            if drafter is None:
-                drafter = DraftModelDrafter(self.draft.model, self.max_context)
-                self._drafters["draft"] = drafter
+        if spec.needs_draft_model and self.draft is None:
+            raise InputError(f"drafter '{spec.name}' needs a draft model (load the engine with one)")
+        drafter = self._drafters.get(spec.name)
+        if drafter is None:
+            drafter = self._drafters[spec.name] = spec.build(self.draft.model if self.draft else None, self.max_context)
+        if spec.needs_draft_model:
             drafter.min_confidence = min_confidence
-            return drafter
-        if name == "tree":
-            if self.draft is None:
-                raise InputError("drafter 'tree' needs a draft model (load the engine with one)")
-            return self._drafters.setdefault("tree", TreeDrafter(self.draft.model, self.max_context))
-        if name == "lookup":
-            return self._drafters.setdefault("lookup", PromptLookupDrafter())
-        raise InputError(f"unknown drafter '{name}' (choose from {', '.join(DRAFTER_NAMES)})")
+        return drafter
 
     @staticmethod
     def resolve_max_k(max_k: int | None, drafter: Drafter | None) -> int:

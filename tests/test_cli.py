@@ -147,10 +147,10 @@ def test_mismatched_draft_model(tmp_path):
 
 def test_auto_draft_precision_is_int8_through_the_cpu_kernel_else_bfloat16(smollm2, monkeypatch):
     from specdecode import kernels
-    from specdecode.cli import _draft_dtype
+    from specdecode.build import draft_dtype
 
-    assert _draft_dtype("float32", smollm2) == "float32"  # an explicit choice is kept
+    assert draft_dtype("float32", smollm2) == "float32"  # an explicit choice is kept
     if kernels.load_kernel() is not None:
-        assert _draft_dtype("auto", smollm2) == "int8"
+        assert draft_dtype("auto", smollm2) == "int8"
     monkeypatch.setattr(kernels, "load_kernel", lambda: None)
-    assert _draft_dtype("auto", smollm2) == "bfloat16"
+    assert draft_dtype("auto", smollm2) == "bfloat16"

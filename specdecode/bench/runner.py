@@ -10,12 +10,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..build import build_engine, parse_k
+from ..drafters.registry import ALIASES, DRAFTERS
 from ..errors import InputError
 from ..sampling import SamplingParams
 from .prompts import BenchPrompt, find_bench_dir, load_suite
 from .report import write_report
 
-METHOD_DRAFTERS = {"ar": "none", "draft": "draft", "lookup": "lookup", "tree": "tree"}
 
 
 @dataclass
@@ -46,7 +47,7 @@ def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_to
     for turn_index, turn in enumerate(prompt.turns):
         history.append({"role": "user", "content": turn})
         result = engine.generate(
-            list(history), drafter=METHOD_DRAFTERS[method], k=k if method != "ar" else 0,
+            list(history), drafter=method, k=k if method != "ar" else 0,
             sampling=sampling, max_new_tokens=max_new_tokens, max_k=max_k,
         )
         history.append({"role": "assistant", "content": result.text})
@@ -161,21 +162,19 @@ def summarise_by_category(rows: list[Row]) -> dict[str, dict]:
 
 
 def run_bench_cli(args) -> int:
-    from ..cli import _parse_k, build_engine
-
-    k = _parse_k(args.k)
+    k = parse_k(args.k)
     bench_dir = find_bench_dir(args.bench_dir)
     categories = args.categories.split(",") if args.categories else None
     prompts = load_suite(args.suite, bench_dir, args.limit, categories, args.offset)
     if not prompts:
         raise InputError(f"no prompts left after --offset {args.offset}")
     requested = args.drafters.split(",") if args.drafters else []
-    engine, drafter = build_engine(args, with_draft_model=bool({"draft", "tree"} & set(requested)))
+    engine, drafter = build_engine(args, with_draft_model=any(m in DRAFTERS and DRAFTERS[m].needs_draft_model for m in requested))
     methods = requested or ["ar", drafter]
     methods = [m for m in dict.fromkeys(["ar"] + methods) if m != "none"]
     for m in methods:
-        if m not in METHOD_DRAFTERS:
-            raise InputError(f"unknown method '{m}' in --drafters (choose from ar, draft, lookup, tree)")
+        if m not in DRAFTERS and m not in ALIASES:
+            raise InputError(f"unknown method '{m}' in --drafters (choose from ar, {', '.join(DRAFTERS)})")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     started = time.time()
     rows = run_bench(engine, prompts, methods, k, sampling, args.max_new_tokens, args.max_k)

@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..build import build_engine
 from ..sampling import SamplingParams
 from ..stats import expected_tokens_per_pass
 from .prompts import find_bench_dir, load_suite
@@ -26,8 +27,6 @@ def predict(alpha: float, k: int, c: float, verify_ratio: float, coverage: float
 
 
 def run_tune_cli(args) -> int:
-    from ..cli import build_engine
-
     prompts = load_suite(args.suite, find_bench_dir(args.bench_dir), args.limit)
     engine, _ = build_engine(args, with_draft_model=True)
     drafters = (["draft"] if engine.draft is not None else []) + ["lookup"]

@@ -28,7 +28,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine import DRAFTER_NAMES
+from ..build import build_engine
+from ..drafters.registry import DRAFTERS, needs_draft_model
 from ..errors import InputError
 from .exposure import LOOPBACK, ExposureGuard, bearer_key_matches, default_allowed_hosts
 from .metrics import ServerMetrics
@@ -147,8 +148,7 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
         raise InputError(f"the queue size must be at least 1, got {queue_size}")
     metrics = ServerMetrics(model_name)
     scheduler = Scheduler(engine, default_drafter, queue_size, metrics, default_max_tokens, max_k)
-    needs_draft_model = [name for name in DRAFTER_NAMES if name not in ("none", "lookup")]
-    drafters = ["none", "lookup"] + (needs_draft_model if engine.draft is not None else [])
+    drafters = [name for name, spec in DRAFTERS.items() if engine.draft is not None or not spec.needs_draft_model]
     created = int(time.time())
     playground = _playground_html()
 
@@ -237,7 +237,7 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
         body = await read_body(request)
         gen = parse_chat(body) if kind == "chat" else parse_completion(body)
         check_model(gen.model)
-        if gen.drafter in needs_draft_model and engine.draft is None:
+        if gen.drafter is not None and needs_draft_model(gen.drafter) and engine.draft is None:
             raise ApiError(400, f"drafter '{gen.drafter}' needs a draft model; this server has none (try 'lookup')",
                            param="speculative.drafter", code="drafter_unavailable")
         client = request.client.host if request.client else "?"
@@ -373,8 +373,6 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
 def run_server(args) -> int:
     """`specdecode serve`: load the engine as the flags say, serve until SIGINT / SIGTERM, exit 0 on SIGTERM."""
     import uvicorn
-
-    from ..cli import build_engine
 
     if args.queue_size < 1:
         raise InputError(f"--queue-size must be at least 1, got {args.queue_size}")

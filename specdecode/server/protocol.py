@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import DRAFTER_NAMES
+from ..drafters.registry import DRAFTER_NAMES
 
 CHAT_ROLES = {"system", "user", "assistant", "developer"}
 MAX_STOP_STRINGS = 16

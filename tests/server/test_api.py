@@ -4,7 +4,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from specdecode.engine import DRAFTER_NAMES
+from specdecode.drafters.registry import DRAFTER_NAMES
 
 from .conftest import MODEL
 

@@ -1,0 +1,51 @@
+"""Every drafter by name: what builds it and whether it needs a draft model.
+
+The engine, the command line, the server and the benchmark all read this one table, so a new
+drafter is added here once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import InputError
+from .base import Drafter
+from .draft_model import DraftModelDrafter, TreeDrafter
+from .lookup import PromptLookupDrafter
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    name: str
+    needs_draft_model: bool
+    # (draft model or None, context length) -> a new drafter; None for plain decoding.
+    build: Callable[[object, int], Drafter] | None
+    description: str
+
+
+DRAFTERS: dict[str, DrafterSpec] = {
+    spec.name: spec
+    for spec in (
+        DrafterSpec("none", False, None, "plain decoding, one target pass per token"),
+        DrafterSpec("lookup", False, lambda model, max_len: PromptLookupDrafter(),
+                    "copy what followed an earlier occurrence of the recent tokens (no model)"),
+        DrafterSpec("draft", True, lambda model, max_len: DraftModelDrafter(model, max_len),
+                    "a small model of the same tokenizer drafts a chain"),
+        DrafterSpec("tree", True, lambda model, max_len: TreeDrafter(model, max_len),
+                    "the draft model's top-2 token tree (greedy only)"),
+    )
+}
+DRAFTER_NAMES = tuple(DRAFTERS)
+# Other spellings of plain decoding (the benchmark calls it "ar", autoregressive).
+ALIASES = {"ar": "none", "plain": "none"}
+
+
+def drafter_spec(name: str) -> DrafterSpec:
+    spec = DRAFTERS.get(ALIASES.get(name, name))
+    if spec is None:
+        raise InputError(f"unknown drafter '{name}' (choose from {', '.join(DRAFTER_NAMES)})")
+    return spec
+
+
+def needs_draft_model(name: str) -> bool:
+    return drafter_spec(name).needs_draft_model
