@@ -10,7 +10,7 @@ from . import registry
 from .build import build_engine, parse_k
 from .errors import SpecDecodeError
 
-COLOURS = {"draft": "\033[32m", "target": "\033[33m", "bonus": "\033[36m"}
+COLOURS = {"accepted": "\033[32m", "recovered": "\033[33m", "bonus": "\033[36m", "plain": ""}
 RESET = "\033[0m"
 
 
@@ -69,22 +69,17 @@ def cmd_generate(args) -> int:
     )
     stats = None
     out = sys.stdout
-    if colour:
-        from .tokenizer import StreamDecoder
-
-        piecewise = StreamDecoder(engine.tokenizer)
     for event in stream:
         stats = event.stats
         if colour:
-            for token, origin in zip(event.tokens, event.origins):
-                piece = piecewise.push([token])
+            for piece, origin in zip(event.pieces, event.origins):
                 out.write(f"{COLOURS[origin]}{piece}{RESET}")
         else:
             out.write(event.text)
         out.flush()
     out.write("\n")
     if colour:
-        print("legend: " + " ".join(f"{COLOURS[o]}{o}{RESET}" for o in ("draft", "target", "bonus")), file=sys.stderr)
+        print("legend: " + " ".join(f"{COLOURS[o]}{o}{RESET}" for o in ("accepted", "recovered", "bonus", "plain")), file=sys.stderr)
     if args.stats or args.profile:
         for line in stats.summary_lines():
             print(line, file=sys.stderr)
@@ -158,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
     g.add_argument("--json-stats", action="store_true", help="print statistics as JSON to stderr")
-    g.add_argument("--show-drafts", action="store_true", help="colour tokens by origin (draft / target / bonus)")
+    g.add_argument("--show-drafts", action="store_true", help="colour tokens by origin (accepted draft / recovered / bonus / plain)")
     g.add_argument("--profile", action="store_true", help="time per phase and the measured cost of verify blocks")
     g.set_defaults(func=cmd_generate)
 

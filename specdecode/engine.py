@@ -1,29 +1,32 @@
-"""The speculative decoding loop: draft, verify in one target pass, accept, roll back, repeat."""
+"""The engine: target and draft models with their caches, and the generation loop around speculative_step.
+
+One token's way: `Engine.stream` encodes the prompt and reads it into the target cache; each loop turn
+asks the `GenerationTuning` for K, `speculative_step` has the drafter propose K tokens, scores them in
+one target pass, keeps the agreed prefix and rolls both caches back to it; the `Stopper` turns the
+step's tokens into text and decides whether the answer is over; the caller gets a `StreamEvent`.
+"""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
 
 from . import kernels
-from .drafters.base import Draft, Drafter
-from .drafters.draft_model import DraftModelDrafter, TreeDrafter, common_prefix_len
+from .drafters.base import Drafter
+from .drafters.draft_model import DraftModelDrafter, common_prefix_len
 from .drafters.registry import drafter_spec
 from .drafters.vocab import frequent_token_ids
 from .errors import InputError, ModelError
 from .models.loader import LoadedModel
-from .models.transformer import Transformer, tree_mask, tree_positions
-from .policy import ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule
+from .models.transformer import Transformer
 from .sampling import SamplingParams
 from .stats import GenerationStats
-from .tokenizer import StreamDecoder
-from .verify import verify_greedy, verify_sampling, verify_tree_greedy
-
-# Tokens an answer is assumed to still have before it has shown more: the draft model reads a prompt
-# at once only if drafting that many tokens would repay the read (see Engine._draft_prefill_pays).
-ANSWER_CREDIT = 32
+from .step import speculative_step
+from .text import Stopper
+from .tuner import GenerationTuning, Tuner
 
 
 @dataclass
@@ -31,9 +34,10 @@ class StreamEvent:
     text: str  # new text since the previous event
     tokens: list[int]  # new tokens of this step (a stop string completed a step later can end the answer
     # before the last of them: the final stats.generated_tokens is the answer's length)
-    origins: list[str]  # per token: "draft" (accepted draft), "target" (correction / plain), "bonus"
+    origins: list[str]  # per token: accepted / recovered / bonus / plain (see step.py)
     stats: GenerationStats
     finished: bool = False
+    pieces: list[str] = field(default_factory=list)  # per token, its text
 
 
 @dataclass
@@ -81,14 +85,7 @@ class Engine:
         if isinstance(target.model, Transformer) and target.model.device.type == "cpu" and not target.model.int8:
             prefill_chunk = min(prefill_chunk, kernels.FLOAT32_CHUNKED_MAX_ROWS)
         self.prefill_chunk = prefill_chunk
-        self.costs = CostModel()
-        # Learned across generations, per drafter: how often the target accepts a draft token of a given
-        # confidence (the draft model's top probability, or prompt lookup's match-length score).
-        self.calibrations: dict[str, ConfidenceCalibration] = {}
-        # Per drafter, the speedup its drafting steps reached in recent generations (decayed average):
-        # the prior a new generation starts from, so a pair that keeps losing starts with plain decoding.
-        self.drafting_speedup: dict[str, float] = {}
-        self.draft_prefill_cost: dict[str, float] = {}  # seconds per prompt token, measured on lazy prefills
+        self.tuner = Tuner()  # what the engine learns across steps and generations
         self.check_invariants = check_invariants
         self._drafters: dict[str, Drafter] = {}
         self.last_prompt_ids: list[int] = []
@@ -105,7 +102,8 @@ class Engine:
             drafter.reset()
 
     # ----------------------------------------------------------------- set-up helpers
-    def drafter(self, name: str | Drafter | None, min_confidence: float = 0.0) -> Drafter | None:
+    def drafter(self, name: str | Drafter | None) -> Drafter | None:
+        """The engine's drafter of that name (made once, kept with its state), or None for plain decoding."""
         if name is None or isinstance(name, Drafter):
             return name
         spec = drafter_spec(name)
@@ -116,8 +114,6 @@ class Engine:
         drafter = self._drafters.get(spec.name)
         if drafter is None:
             drafter = self._drafters[spec.name] = spec.build(self.draft.model if self.draft else None, self.max_context)
-        if spec.needs_draft_model:
-            drafter.min_confidence = min_confidence
         return drafter
 
     @staticmethod
@@ -182,18 +178,19 @@ class Engine:
             raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         if k != "auto" and (not isinstance(k, int) or k < 0 or k > 64):
             raise InputError(f"k must be 'auto' or an integer in 0..64, got {k!r}")
-        stops = [s for s in (stop or ()) if s]
         prompt_ids = self.encode_prompt(prompt, chat)
         self.last_prompt_ids = prompt_ids
         if not prompt_ids:
             raise InputError("the prompt is empty")
         if len(prompt_ids) >= self.max_context:
             raise InputError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_context}")
-        drafter_obj = self.drafter(drafter, min_confidence)
+        drafter_obj = self.drafter(drafter)
         max_k = max(1, min(self.resolve_max_k(max_k, drafter_obj), self.max_context - 2))
-        if isinstance(drafter_obj, TreeDrafter) and not sampling.greedy:
-            raise InputError("token-tree drafting supports greedy decoding only; use the chain drafter for sampling")
-        return self._loop(prompt_ids, drafter_obj, k, sampling, max_new_tokens, stops, max_k, should_stop)
+        if drafter_obj is not None and drafter_obj.greedy_only and not sampling.greedy:
+            raise InputError(f"drafter '{drafter_obj.name}' supports greedy decoding only; use a chain drafter for sampling")
+        stopper = Stopper(self.tokenizer, max_new_tokens, stop or ())
+        fixed_k = None if k == "auto" else int(k)
+        return self._loop(prompt_ids, drafter_obj, fixed_k, sampling, stopper, max_k, min_confidence, should_stop)
 
     # ----------------------------------------------------------------- the loop
     def _prefill(self, prompt_ids: list[int]) -> None:
@@ -208,254 +205,73 @@ class Engine:
             self.target.model(torch.tensor(chunk, device=device), self.cache, logits="none")
             self.cached_ids.extend(chunk)
 
-    def _loop(self, prompt_ids, drafter, k, sampling, max_new_tokens, stops, max_k, should_stop):
+    def _loop(self, prompt_ids, drafter, fixed_k, sampling, stopper, max_k, min_confidence, should_stop):
+        """Choose K, take a speculative step, learn from it, hand its text out; until the answer stops."""
         stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
+        tuning, started = self._start_generation(prompt_ids, drafter, fixed_k, max_k, min_confidence, stats)
         noise = sampling.noise()
+        sequence = list(prompt_ids)  # every token the target has confirmed; its cache holds all but the last
+        live = self._live_generation = object()
+        while True:
+            self._check_live(live)
+            room = self.cache.max_len - self.cache.length - 1  # positions left after the pending token
+            if room < 0:  # the context is full
+                out = stopper.end("length")
+            else:
+                k = tuning.choose_k(stopper.budget, room, len(stopper.tokens))
+                if k > 0 and tuning.draft_needs_prompt:
+                    stats.time_draft += self._read_prompt_into_draft(drafter, prompt_ids, tuning)
+                step = speculative_step(self.target.model, self.cache, drafter, sequence, k, sampling, noise,
+                                        tuning.stop_rule)
+                self.cached_ids += [sequence[-1]] + step.tokens[:-1]
+                sequence += step.tokens
+                tuning.observe(step)
+                stats.record_step(step)
+                if self.check_invariants:
+                    self._assert_invariants(sequence, drafter)
+                out = stopper.push(step.tokens, step.origins, cancel=should_stop is not None and should_stop())
+            stats.generated_tokens, stats.origins = len(stopper.tokens), Counter(stopper.origin_counts)
+            stats.time_total = time.perf_counter() - started
+            if out.finish is not None:
+                stats.finish_reason = out.finish
+                tuning.end(stats)
+            yield StreamEvent(out.text, out.tokens, out.origins, stats, out.finish is not None, out.pieces)
+            if out.finish is not None:
+                return
+
+    def _start_generation(self, prompt_ids, drafter, fixed_k, max_k, min_confidence, stats) -> tuple[GenerationTuning, float]:
+        """Measure costs if the adaptive K lacks them, read the prompt into the target cache.
+        Returns the generation's tuning and the time it started (costs measured before it)."""
         if drafter is not None:
-            drafter.accept(prompt_ids[:-1])  # drop state from another sequence; keeps a shared prefix
-        fixed_k = None if k == "auto" else int(k)
-        if drafter is not None and fixed_k is None and (
-            not self.costs.known(max_k) or (drafter.has_model and drafter.name not in self.costs.draft)
-        ):
+            drafter.sync(prompt_ids[:-1])  # drop state from another sequence; keeps a shared prefix
+        if self.tuner.needs_costs(drafter, fixed_k, max_k):
             t0 = time.perf_counter()
-            self.calibrate(max_k, drafter)
-            stats.notes.append(f"measured target/draft costs for the adaptive K once ({time.perf_counter() - t0:.1f}s, not in the timings)")
+            self.measure_costs(max_k, drafter)
+            stats.notes.append(f"measured target/draft costs for the adaptive K once ({time.perf_counter() - t0:.1f}s,"
+                               " not in the timings)")
         started = time.perf_counter()
-        # A pinned K drafts exactly K; an adaptive one also ends each chain where it stops paying.
-        chain_rule = drafter is not None and drafter.supports_stop_rule and fixed_k is None
-        if drafter is not None and drafter.supports_stop_rule:
-            calibration = self.calibrations.setdefault(drafter.name, ConfidenceCalibration())
-            drafter.stop_rule = DraftStopRule(self.costs, drafter.name, calibration, drafter.min_confidence) if chain_rule else None
-        policy = DraftLengthPolicy(self.costs, drafter.name if drafter else "none", fixed_k if drafter else 0, max_k,
-                                   chain_stops_itself=chain_rule, drafts_are_free=chain_rule and not drafter.has_model)
-        if chain_rule and drafter.name in self.drafting_speedup:
-            policy.prior_speedup = min(1.5, max(0.7, self.drafting_speedup[drafter.name]))
+        # The draft model reads the prompt lazily, on its first proposal: a generation that never drafts
+        # never pays for it. Nothing touches its cache before then, so what it lacks is fixed now.
+        unread = drafter.unread_tokens(prompt_ids) if drafter is not None and drafter.has_model else 0
         self._prefill(prompt_ids)
-        drafter_ready = not (drafter is not None and drafter.has_model)
-        # Nothing touches the draft cache until its prefill, so what it lacks of the prompt is fixed until then.
-        unread = 0 if drafter_ready else drafter.unread_tokens(prompt_ids)
         stats.time_prefill = time.perf_counter() - started
-        decoder = StreamDecoder(self.tokenizer)
-        held_back = max((len(s) for s in stops), default=1) - 1
-        sequence = list(prompt_ids)  # every token the target has confirmed; cache holds all but the last
-        emitted_text = ""
-        generated: list[int] = []
-        origin_log: list[str] = []  # per generated token: draft / target / bonus
-        finish = None
+        return self.tuner.start(drafter, fixed_k, max_k, min_confidence, unread, len(prompt_ids), stats.time_prefill), started
+
+    @staticmethod
+    def _read_prompt_into_draft(drafter, prompt_ids, tuning) -> float:
+        """The draft model's lazy prefill; its time counts in the total but not in the per-step costs."""
+        t0 = time.perf_counter()
+        drafter.prefill(prompt_ids)
+        seconds = time.perf_counter() - t0
+        tuning.observe_draft_prefill(seconds)
+        return seconds
+
+    def _check_live(self, live: object) -> None:
         # An engine holds one cache: a second stream started on it takes the cache over, and this one
         # must not resume on the other's keys and values.
-        live = self._live_generation = object()
-        while finish is None:
-            if self._live_generation is not live:
-                raise InputError("this generation was interrupted: another generation started on the same engine,"
-                                 " which runs one at a time (finish one stream before starting the next)")
-            budget = max_new_tokens - len(generated)
-            room = self.cache.max_len - self.cache.length - 1  # positions left after the pending token
-            if room < 0:  # the context is full: nothing more can be generated
-                stats.finish_reason = finish = "length"
-                stats.time_total = time.perf_counter() - started
-                self._finalise(stats, policy)
-                yield StreamEvent("", [], [], stats, finished=True)
-                break
-            k_step = min(policy.choose(), budget - 1, room) if drafter is not None else 0
-            if isinstance(drafter, TreeDrafter):
-                k_step = min(k_step, room // 2)  # a tree block holds up to two tokens per depth
-            if k_step > 0 and not drafter_ready and fixed_k is None and not self._draft_prefill_pays(
-                drafter.name, policy, unread, len(prompt_ids), budget, len(generated), stats.time_prefill
-            ):
-                k_step = 0
-                policy.plain_steps += 1
-            if k_step > 0 and not drafter_ready:
-                # The draft model reads the prompt only now, on its first proposal: a generation that never
-                # drafts never pays for it. Its time counts in the total but not in the per-step costs.
-                t0 = time.perf_counter()
-                drafter.prefill(prompt_ids)
-                seconds = time.perf_counter() - t0
-                stats.time_draft += seconds
-                if unread >= 16:
-                    old = self.draft_prefill_cost.get(drafter.name)
-                    per_token = seconds / unread
-                    self.draft_prefill_cost[drafter.name] = per_token if old is None else 0.5 * (old + per_token)
-                drafter_ready = True
-            t0 = time.perf_counter()
-            draft = drafter.propose(sequence, k_step, sampling, noise) if k_step > 0 else Draft()
-            t1 = time.perf_counter()
-            accepted_tokens, next_token = self._verify(sequence, draft, sampling, noise)
-            t2 = time.perf_counter()
-            block_size = 1 + len(draft.tokens)
-            self.cached_ids.append(sequence[-1])
-            self.cached_ids.extend(accepted_tokens)
-            new_tokens = accepted_tokens + [next_token]
-            sequence.extend(new_tokens)
-            stats.decoded_tokens += len(new_tokens)
-            drafted = draft.chain_length if draft.parents is not None else len(draft.tokens)
-            if drafter is not None:
-                drafter.accept(sequence)
-                wasted = draft.forward_passes > len(draft.tokens) and draft.parents is None
-                policy.update(len(accepted_tokens), drafted, wasted=int(wasted), seconds=self._steady_step_time(draft, drafter, t0, t1, t2),
-                              tokens=len(new_tokens))
-                self._calibrate_confidence(drafter, draft, len(accepted_tokens))
-            if self.check_invariants:
-                self._assert_invariants(sequence, drafter)
-            bonus = drafted > 0 and len(accepted_tokens) >= drafted
-            self._account(stats, draft, drafted, len(accepted_tokens), bonus, block_size, t1 - t0, t2 - t1, drafter)
-            origins = ["draft"] * len(accepted_tokens) + ["bonus" if bonus else "target"]
-            # Stop conditions, in the order the tokens were produced.
-            kept = []
-            for token in new_tokens:
-                if token in self.tokenizer.eos_ids:
-                    finish = "stop"
-                    break
-                kept.append(token)
-                if len(generated) + len(kept) >= max_new_tokens:
-                    finish = "length"
-                    break
-            origins = origins[: len(kept)]
-            generated.extend(kept)
-            origin_log.extend(origins)
-            stats.origins.update(origins)
-            decoder.push(kept)
-            text = decoder.text
-            for s in stops:
-                pos = text.find(s, max(0, len(emitted_text) - len(s)))
-                if pos >= 0:
-                    text = text[:pos]
-                    finish = "stop"
-                    # The answer ends where the stop string starts: tokens that begin after it are not output.
-                    cut = self._tokens_starting_before(generated, len(text))
-                    kept = kept[: max(0, len(kept) - (len(generated) - cut))]
-                    stats.origins.subtract(origin_log[cut:])
-                    stats.origins = +stats.origins  # drop kinds whose count fell to 0
-                    del generated[cut:], origin_log[cut:]
-                    origins = origins[: len(kept)]
-            if finish is None and should_stop is not None and should_stop():
-                finish = "cancelled"
-            if finish is None and held_back and not decoder.text.endswith("\ufffd"):
-                safe = text[: max(len(emitted_text), len(text) - held_back)]
-            else:
-                safe = text
-            delta = safe[len(emitted_text):]
-            emitted_text = safe
-            stats.generated_tokens = len(generated)
-            stats.time_total = time.perf_counter() - started
-            if finish is not None:
-                stats.finish_reason = finish
-                self._finalise(stats, policy)
-            yield StreamEvent(delta, kept, origins, stats, finished=finish is not None)
-
-    def _tokens_starting_before(self, tokens: list[int], text_end: int) -> int:
-        """How many leading tokens start before character text_end of their decoded text."""
-        n = len(tokens)
-        while n > 0 and len(self.tokenizer.decode(tokens[: n - 1])) >= text_end:
-            n -= 1
-        return n
-
-    def _verify(self, sequence: list[int], draft: Draft, sampling, noise) -> tuple[list[int], int]:
-        """One target pass over [last accepted token] + draft; rolls the target cache back to what was kept."""
-        device = self.target.model.device
-        start = self.cache.length
-        block = [sequence[-1]] + draft.tokens
-        tokens = torch.tensor(block, device=device)
-        if draft.parents is not None:
-            logits = self.target.model(
-                tokens, self.cache,
-                positions=tree_positions(start, draft.parents, device),
-                attn_mask=tree_mask(start, draft.parents, device),
-            )
-            path, next_token = verify_tree_greedy(logits, draft.tokens, draft.parents)
-            self.cache.compact(start, [0] + path)
-            return [block[i] for i in path], next_token
-        logits = self.target.model(tokens, self.cache, logits="all")
-        if sampling.greedy:
-            verdict = verify_greedy(logits, draft.tokens)
-        else:
-            verdict = verify_sampling(logits, draft.tokens, sampling, noise, position=len(sequence))
-        self.cache.truncate(start + 1 + verdict.accepted)
-        return draft.tokens[: verdict.accepted], verdict.next_token
-
-    def _draft_prefill_pays(self, name: str, policy: DraftLengthPolicy, unread: int, prompt_len: int, budget: int,
-                            generated: int, target_prefill: float) -> bool:
-        """Before the draft model reads the prompt (the `unread` tokens its cache lacks): can drafting the
-        tokens still to come repay that prefill?
-
-        Saving expected: the tokens still to come, at a plain step each, times (1 - 1/speedup) at the speedup
-        the policy's prior expects. How many will come is unknown: the budget overstates it for short answers
-        (Spec-Bench RAG answers 9-57 tokens after 600-1000-token prompts, where the draft's ~4-5 s read of
-        the prompt made speculation 0.74x of plain decoding's speed over 5 prompts). So, as when renting
-        before buying, the engine counts on as many tokens as the answer already has, and at least
-        ANSWER_CREDIT: a short prompt is read at once, a long one once the answer has shown it will repay it.
-        Prefill cost: measured per prompt token earlier, else estimated from this generation's target
-        prefill scaled by the draft/target step cost ratio.
-        """
-        if unread == 0:
-            return True
-        plain = self.costs.target_cost(1)
-        if plain is None:
-            return True
-        # A losing history still lets a probe explore, judged at a modest 1.2x.
-        speedup = max(policy.prior_speedup, 1.2)
-        per_token = self.draft_prefill_cost.get(name)
-        if per_token is None:
-            draft = self.costs.draft.get(name)
-            if draft is None:
-                return True
-            per_token = target_prefill / max(1, prompt_len) * draft / plain
-        expected_left = min(budget, max(generated, ANSWER_CREDIT))
-        saving = expected_left * plain * (1.0 - 1.0 / speedup)
-        return saving > per_token * unread
-
-    def _steady_step_time(self, draft: Draft, drafter: Drafter, t0: float, t1: float, t2: float) -> float:
-        """Draft + verify time of a step, without a catch-up (a probe after plain steps feeds the draft model
-        the tokens it missed): that is the price of probing, not of drafting, so the policy must not judge by it."""
-        draft_time = t1 - t0
-        per_pass = self.costs.draft.get(drafter.name)
-        if draft.catch_up > 2 and per_pass is not None:
-            draft_time = min(draft_time, per_pass * max(1, draft.forward_passes))
-        return draft_time + (t2 - t1)
-
-    def _calibrate_confidence(self, drafter: Drafter, draft: Draft, accepted: int) -> None:
-        if draft.parents is not None or not draft.confidences:
-            return
-        calibration = self.calibrations.setdefault(drafter.name, ConfidenceCalibration())
-        # Positions after the first rejection were never judged by the target.
-        for i, confidence in enumerate(draft.confidences[: accepted + 1]):
-            if confidence == confidence:  # NaN when the drafter did not compute it
-                calibration.update(confidence, i < accepted)
-
-    def _account(self, stats, draft, drafted, accepted, bonus, block_size, draft_time, verify_time, drafter) -> None:
-        stats.drafted += drafted
-        stats.accepted += accepted
-        stats.target_passes += 1
-        stats.draft_passes += draft.forward_passes
-        stats.steps_by_k[drafted] += 1
-        stats.accepted_by_k[drafted] += accepted
-        stats.time_draft += draft_time
-        stats.time_verify += verify_time
-
-        self.costs.record_target(block_size, verify_time)
-        # A step that first had to consume many context tokens says nothing about a draft pass's cost.
-        if drafter is not None and draft.tokens and draft.catch_up <= 2:
-            self.costs.record_draft(drafter.name, draft_time / max(1, draft.forward_passes or len(draft.tokens)))
-
-    def _finalise(self, stats: GenerationStats, policy: DraftLengthPolicy) -> None:
-        measured = policy.measured_speedup()
-        if policy.chain_stops_itself and measured is not None and policy.drafting_steps >= 3:
-            old = self.drafting_speedup.get(stats.drafter)
-            self.drafting_speedup[stats.drafter] = measured if old is None else 0.6 * old + 0.4 * measured
-        stats.single_step_cost = self.costs.target_cost(1)
-        stats.draft_step_cost = self.costs.draft.get(stats.drafter) if stats.drafter != "none" else None
-        stats.verify_cost_by_block = {n: self.costs.target_cost(n) for n in sorted(self.costs.target)}
-        alpha = stats.alpha
-        if alpha is not None and stats.drafted >= 8:
-            if alpha < 0.3:
-                stats.notes.append(
-                    f"low acceptance (alpha {alpha:.2f}): speculation likely costs more than it saves here"
-                    + ("; the adaptive policy fell back to plain decoding" if policy.plain_steps else "")
-                )
-            elif alpha < 0.6:
-                stats.notes.append(f"moderate acceptance (alpha {alpha:.2f}): expect a modest speedup at best")
-        if policy.plain_steps:
-            stats.notes.append(f"adaptive K chose plain decoding for {policy.plain_steps} of {stats.target_passes} steps")
+        if self._live_generation is not live:
+            raise InputError("this generation was interrupted: another generation started on the same engine,"
+                             " which runs one at a time (finish one stream before starting the next)")
 
     def _assert_invariants(self, sequence: list[int], drafter) -> None:
         if self.cache.length != len(sequence) - 1:
@@ -467,7 +283,7 @@ class Engine:
                 raise AssertionError("draft cache holds tokens that are not a prefix of the sequence")
 
     # ----------------------------------------------------------------- cost measurement
-    def calibrate(self, max_k: int | None, drafter: Drafter | None = None, repeats: int = 3) -> None:
+    def measure_costs(self, max_k: int | None, drafter: Drafter | None = None, repeats: int = 3) -> None:
         """Time target passes of 1..max_k+1 tokens (and a draft pass) on scratch positions.
 
         The fastest of a few repeats is kept: a one-off stall (page faults, another process) must not
@@ -500,7 +316,7 @@ class Engine:
                 scratch.truncate(warm_len)
                 self.target.model(tokens, scratch, logits="all").argmax(-1).tolist()
 
-            self.costs.target[size] = fastest(target_pass)
+            self.tuner.costs.target[size] = fastest(target_pass)
         if isinstance(drafter, DraftModelDrafter):
             d_cache = drafter.model.new_cache(warm_len + 1)
             drafter.model(warm, d_cache, logits="none")
@@ -510,7 +326,7 @@ class Engine:
                 drafter.model(warm[:1], d_cache, logits="last").argmax().item()
 
             draft_pass()
-            self.costs.draft[drafter.name] = fastest(draft_pass)
+            self.tuner.costs.draft[drafter.name] = fastest(draft_pass)
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

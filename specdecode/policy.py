@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .drafters.base import StopRule
 from .stats import expected_tokens_per_pass
 
 
@@ -193,7 +194,7 @@ class ConfidenceCalibration:
         return (self.successes[b] + centre * self.prior_weight) / (self.trials[b] + self.prior_weight)
 
 
-class DraftStopRule:
+class DraftStopRule(StopRule):
     """Decides, token by token, how far a draft model's chain is worth taking (adaptive K within a step).
 
     With chain_prob the predicted chance that every drafted token so far is accepted, a token whose
@@ -207,6 +208,9 @@ class DraftStopRule:
         self.drafter = drafter
         self.calibration = calibration
         self.min_confidence = min_confidence
+
+    def acceptance(self, confidence: float) -> float:
+        return self.calibration(confidence)
 
     def _marginal_verify(self, drafted: int) -> float:
         now, more = self.costs.target_cost(drafted + 1), self.costs.target_cost(drafted + 2)
@@ -229,3 +233,13 @@ class DraftStopRule:
             return True
         expected = chain_prob * self.calibration(confidence)
         return expected * step > draft + self._marginal_verify(drafted)
+
+
+class MinConfidenceRule(StopRule):
+    """A pinned K with a floor: the chain ends before the first token (after one) the draft is less sure of."""
+
+    def __init__(self, min_confidence: float):
+        self.min_confidence = min_confidence
+
+    def keep(self, drafted: int, chain_prob: float, confidence: float) -> bool:
+        return drafted == 0 or confidence >= self.min_confidence

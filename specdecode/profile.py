@@ -12,14 +12,14 @@ def profile_report(engine, stats) -> str:
              + (f", draft {engine.draft.name} ({engine.draft.dtype})" if engine.draft else "")]
     for name, seconds in phases:
         lines.append(f"  {name:40s} {seconds:8.3f}s  {100 * seconds / total:5.1f}%")
-    single = engine.costs.target_cost(1)
+    single = engine.tuner.costs.target_cost(1)
     if single:
         lines.append(f"  target pass, 1 token: {1000 * single:.1f} ms")
-        for block in sorted(engine.costs.target):
+        for block in sorted(engine.tuner.costs.target):
             if block > 1:
-                cost = engine.costs.target[block]
+                cost = engine.tuner.costs.target[block]
                 lines.append(f"  target pass, {block:2d} tokens: {1000 * cost:7.1f} ms = {cost / single:.2f} single steps")
-    for name, cost in engine.costs.draft.items():
+    for name, cost in engine.tuner.costs.draft.items():
         ratio = f" (c = {cost / single:.3f} of a target step)" if single else ""
         lines.append(f"  draft step ({name}): {1000 * cost:.1f} ms{ratio}")
     return "\n".join(lines)

@@ -36,7 +36,7 @@ class GenerationStats:
     draft_passes: int = 0
     steps_by_k: Counter = field(default_factory=Counter)  # target passes by the number of tokens drafted
     accepted_by_k: Counter = field(default_factory=Counter)  # accepted draft tokens, by the same key
-    origins: Counter = field(default_factory=Counter)  # draft / target / bonus
+    origins: Counter = field(default_factory=Counter)  # accepted / recovered / bonus / plain (see step.py)
     time_prefill: float = 0.0
     time_draft: float = 0.0
     time_verify: float = 0.0
@@ -47,6 +47,19 @@ class GenerationStats:
     verify_cost_by_block: dict[int, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     finish_reason: str = ""
+
+    def record_step(self, step) -> None:
+        """Count one speculative step (a step.StepResult)."""
+        drafted = step.draft.drafted
+        self.drafted += drafted
+        self.accepted += step.accepted
+        self.target_passes += 1
+        self.decoded_tokens += len(step.tokens)
+        self.draft_passes += step.draft.forward_passes
+        self.steps_by_k[drafted] += 1
+        self.accepted_by_k[drafted] += step.accepted
+        self.time_draft += step.draft_seconds
+        self.time_verify += step.verify_seconds
 
     @property
     def alpha(self) -> float | None:

@@ -1,4 +1,4 @@
-"""Tokenizer wrapper: encoding, chat templates, incremental detokenization."""
+"""Tokenizer wrapper: encoding, decoding, chat templates (incremental detokenising lives in text.py)."""
 from __future__ import annotations
 
 import functools
@@ -54,21 +54,3 @@ class Tokenizer:
         for token, tid in sorted(vocab.items(), key=lambda item: item[1]):
             digest.update(f"{tid}\t{token}\n".encode("utf-8", "surrogatepass"))
         return digest.hexdigest()
-
-
-class StreamDecoder:
-    """Turns a growing list of token ids into text deltas without splitting UTF-8 characters."""
-
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.text = ""  # text emitted so far
-
-    def push(self, new_ids: list[int]) -> str:
-        self.ids.extend(new_ids)
-        full = self.tokenizer.decode(self.ids)
-        if full.endswith("\ufffd"):  # an incomplete multi-byte character: wait for its other tokens
-            return ""
-        delta = full[len(self.text):] if full.startswith(self.text) else full
-        self.text = full
-        return delta

@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 import torch
 
-import specdecode.engine as engine_module
+import specdecode.step as step_module
+import specdecode.tuner as tuner_module
 from specdecode.drafters.base import Draft, Drafter
 from specdecode.engine import Engine
 from specdecode.policy import DraftLengthPolicy, DraftStopRule
@@ -185,7 +186,7 @@ class TargetModeDrafter(Drafter):
     def __init__(self, model):
         self.model = model
 
-    def propose(self, context, k, sampling, generator):
+    def propose(self, context, k, sampling, generator, stop_rule=None):
         if k <= 0:
             return Draft()
         cache = self.model.new_cache(len(context) + k)
@@ -230,8 +231,8 @@ class AlwaysDraftPolicy(DraftLengthPolicy):
 
 @pytest.fixture(autouse=True)
 def variable_stop_rule(monkeypatch):
-    monkeypatch.setattr(engine_module, "DraftStopRule", VariableStopRule)
-    monkeypatch.setattr(engine_module, "DraftLengthPolicy", AlwaysDraftPolicy)
+    monkeypatch.setattr(tuner_module, "DraftStopRule", VariableStopRule)
+    monkeypatch.setattr(tuner_module, "DraftLengthPolicy", AlwaysDraftPolicy)
 
 
 def run_case(pair, name, seed_base, samples=None):
@@ -262,7 +263,7 @@ def test_engine_samples_follow_the_exact_target_distribution(pair, name):
      ("draft-model-adaptive-chain", "race_inverted", 1000), ("lookup-adaptive", "accept_everything", 300)],
 )
 def test_engine_distribution_test_fails_on_a_broken_verifier(pair, name, broken, samples, monkeypatch):
-    monkeypatch.setattr(engine_module, "verify_sampling", BROKEN[broken])
+    monkeypatch.setattr(step_module, "verify_sampling", BROKEN[broken])
     pvalue, stat, df, *_ = run_case(pair, name, seed_base=20_000, samples=samples)
     print(f"{name} with {broken}: p = {pvalue:.3g}")
     assert pvalue < FAIL_P, f"broken verifier {broken} passed the {name} test: chi-square {stat:.1f} on {df} df, p = {pvalue:.2e}"
@@ -308,6 +309,6 @@ def test_int8_target_samples_follow_its_exact_distribution(int8_pair):
 
 
 def test_int8_target_distribution_test_fails_on_a_broken_verifier(int8_pair, monkeypatch):
-    monkeypatch.setattr(engine_module, "verify_sampling", BROKEN["race_inverted"])
+    monkeypatch.setattr(step_module, "verify_sampling", BROKEN["race_inverted"])
     pvalue, stat, df, *_ = run_case(int8_pair, "draft-model", seed_base=40_000, samples=1000)
     assert pvalue < FAIL_P, f"broken verifier passed on the int8 target: chi-square {stat:.1f} on {df} df, p = {pvalue:.2e}"

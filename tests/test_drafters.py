@@ -5,6 +5,7 @@ import torch
 from specdecode.drafters.base import Draft, Drafter
 from specdecode.drafters.draft_model import DraftModelDrafter, common_prefix_len
 from specdecode.drafters.lookup import PromptLookupDrafter, match_confidence
+from specdecode.policy import MinConfidenceRule
 from specdecode.sampling import SamplingParams
 from testlib import make_tiny_model, reference_greedy
 
@@ -71,7 +72,7 @@ class _Rule:
     def __init__(self, floor):
         self.floor = floor
 
-    def calibration(self, confidence):
+    def acceptance(self, confidence):
         return confidence
 
     def keep(self, drafted, chain_prob, confidence):
@@ -82,12 +83,11 @@ def test_lookup_stop_rule_ends_the_copy_where_it_stops_paying():
     drafter = PromptLookupDrafter()
     context = [5, 6, 7, 8, 9, 10, 11, 12, 5]
     assert len(drafter.propose(context, 8, GREEDY, gen()).tokens) == 8  # no rule: the whole follow
-    drafter.stop_rule = _Rule(0.0)
-    assert len(drafter.propose(context, 8, GREEDY, gen()).tokens) == 8
-    drafter.stop_rule = _Rule(0.05)  # 1/3 * 2/4 * 3/5 * 4/6 = 0.067, then * 5/7 = 0.048
-    assert drafter.propose(context, 8, GREEDY, gen()).tokens == [6, 7, 8, 9]
-    drafter.stop_rule = _Rule(0.5)  # even the first token (match of one: 1/3) does not pay
-    assert drafter.propose(context, 8, GREEDY, gen()).tokens == []
+    assert len(drafter.propose(context, 8, GREEDY, gen(), _Rule(0.0)).tokens) == 8
+    # 1/3 * 2/4 * 3/5 * 4/6 = 0.067, then * 5/7 = 0.048
+    assert drafter.propose(context, 8, GREEDY, gen(), _Rule(0.05)).tokens == [6, 7, 8, 9]
+    # even the first token (match of one: 1/3) does not pay
+    assert drafter.propose(context, 8, GREEDY, gen(), _Rule(0.5)).tokens == []
 
 
 def test_lookup_draft_has_no_distributions():
@@ -133,11 +133,11 @@ def test_greedy_proposal_is_the_draft_models_own_greedy_continuation(model):
     assert drafter.cached == CONTEXT + draft.tokens[:-1]
 
 
-def test_accept_rolls_the_draft_cache_back_to_the_confirmed_prefix(model):
+def test_sync_rolls_the_draft_cache_back_to_the_confirmed_prefix(model):
     drafter = DraftModelDrafter(model, max_len=64)
     draft = drafter.propose(CONTEXT, 5, GREEDY, gen())
     confirmed = CONTEXT + draft.tokens[:2] + [200]  # two accepted, then a correction
-    drafter.accept(confirmed)
+    drafter.sync(confirmed)
     assert drafter.cached == CONTEXT + draft.tokens[:2]
     assert drafter.cache.length == len(drafter.cached)
     # the next proposal continues from the confirmed sequence as a fresh drafter would
@@ -178,11 +178,10 @@ def test_sampled_proposals_come_with_their_distributions(model):
 
 
 def test_min_confidence_stops_drafting_early(model):
-    drafter = DraftModelDrafter(model, max_len=64, min_confidence=1.0)
-    draft = drafter.propose(CONTEXT, 6, GREEDY, gen())
+    drafter = DraftModelDrafter(model, max_len=64)
+    draft = drafter.propose(CONTEXT, 6, GREEDY, gen(), MinConfidenceRule(1.0))
     assert len(draft.tokens) == 1  # the first token is always proposed
-    drafter.min_confidence = 0.0
-    assert len(drafter.propose(CONTEXT, 6, GREEDY, gen()).tokens) == 6
+    assert len(drafter.propose(CONTEXT, 6, GREEDY, gen(), MinConfidenceRule(0.0)).tokens) == 6
 
 
 def test_chunked_prefill_of_a_long_context(model):
@@ -200,7 +199,7 @@ class ScriptedStopRule:
         self._keep, self._extend = list(keep), list(extend)
         self.calls = []
 
-    def calibration(self, confidence):
+    def acceptance(self, confidence):
         return confidence
 
     def keep(self, drafted, chain_prob, confidence):
@@ -214,8 +213,7 @@ class ScriptedStopRule:
 
 def test_stop_rule_refusing_the_first_token_wastes_one_pass_and_drafts_nothing(model):
     drafter = DraftModelDrafter(model, max_len=64)
-    drafter.stop_rule = ScriptedStopRule(keep=[False], extend=[])
-    draft = drafter.propose(CONTEXT, 6, GREEDY, gen())
+    draft = drafter.propose(CONTEXT, 6, GREEDY, gen(), ScriptedStopRule(keep=[False], extend=[]))
     assert draft.tokens == [] and draft.forward_passes == 1
 
 
@@ -223,8 +221,7 @@ def test_stop_rule_ends_the_chain_and_tracks_the_chain_probability(model):
     full = DraftModelDrafter(model, max_len=64).propose(CONTEXT, 6, GREEDY, gen())
     drafter = DraftModelDrafter(model, max_len=64)
     rule = ScriptedStopRule(keep=[True, True, False], extend=[True, True])
-    drafter.stop_rule = rule
-    draft = drafter.propose(CONTEXT, 6, GREEDY, gen())
+    draft = drafter.propose(CONTEXT, 6, GREEDY, gen(), rule)
     assert draft.tokens == full.tokens[:2]  # the same tokens, only fewer of them
     assert draft.forward_passes == 3  # the third token's pass was spent, then refused
     assert len(draft.confidences) == 2 and all(0 < c <= 1 for c in draft.confidences)
@@ -233,6 +230,5 @@ def test_stop_rule_ends_the_chain_and_tracks_the_chain_probability(model):
     assert keep_calls[0][2] == 1.0
     assert keep_calls[2][2] == pytest.approx(draft.confidences[0] * draft.confidences[1])
     # extend refusing also ends it, without the extra pass
-    drafter.stop_rule = ScriptedStopRule(keep=[True], extend=[False])
-    short = drafter.propose(CONTEXT, 6, GREEDY, gen())
+    short = drafter.propose(CONTEXT, 6, GREEDY, gen(), ScriptedStopRule(keep=[True], extend=[False]))
     assert short.tokens == full.tokens[:1] and short.forward_passes == 1

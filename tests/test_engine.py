@@ -134,8 +134,8 @@ def test_statistics_are_consistent(engine, drafter):
     assert sum(stats.steps_by_k.values()) == stats.target_passes
     assert sum(k * n for k, n in stats.steps_by_k.items()) == stats.drafted
     assert sum(stats.origins.values()) == stats.generated_tokens
-    assert stats.origins["draft"] == stats.accepted
-    for origin in ("draft", "target", "bonus"):
+    assert stats.origins["accepted"] == stats.accepted
+    for origin in ("accepted", "recovered", "bonus", "plain"):
         assert result.origins.count(origin) == stats.origins[origin]
     if drafter == "draft":
         assert stats.draft_passes > 0
@@ -199,15 +199,15 @@ def test_tree_drafter_without_draft_model(pair):
 def known_costs(engine, draft_prefill_per_token):
     """Pretend calibration ran: cheap draft passes, target blocks barely dearer than a step."""
     for n in range(1, 10):
-        engine.costs.target[n] = 0.01 + 0.0005 * n
-    engine.costs.draft["draft"] = 0.001
-    engine.draft_prefill_cost["draft"] = draft_prefill_per_token
+        engine.tuner.costs.target[n] = 0.01 + 0.0005 * n
+    engine.tuner.costs.draft["draft"] = 0.001
+    engine.tuner.draft_prefill_cost["draft"] = draft_prefill_per_token
 
 
 def test_draft_model_skips_a_prompt_prefill_the_answer_cannot_repay(engine, monkeypatch):
     # the engine's measured costs must stay as set: the tiny model's real timings would overwrite them
-    monkeypatch.setattr(engine.costs, "record_target", lambda *a: None)
-    monkeypatch.setattr(engine.costs, "record_draft", lambda *a: None)
+    monkeypatch.setattr(engine.tuner.costs, "record_target", lambda *a: None)
+    monkeypatch.setattr(engine.tuner.costs, "record_draft", lambda *a: None)
     long_prompt = PROMPT * 3
     known_costs(engine, draft_prefill_per_token=1.0)  # reading the prompt costs 27 s; 6 tokens save < 0.1 s
     plain = engine.generate(long_prompt, drafter="none", max_new_tokens=6)
@@ -225,17 +225,18 @@ def test_a_long_prompt_is_read_by_the_draft_model_only_once_the_answer_shows_it_
     # ~26 unread tokens at 2.5 ms cost 65 ms; a token drafted at the 1.2x prior saves ~1.7 ms of a 10 ms step.
     # The 90-token budget would repay that at once, but the engine counts on the answer's length so far
     # (at least ANSWER_CREDIT = 32 tokens, 53 ms): it decodes plainly until ~39 tokens, then drafts.
-    from specdecode import engine as engine_module
+    from specdecode import step as step_module
+    from specdecode import tuner as tuner_module
 
     engine = Engine(as_loaded(pair[0], name="target"), as_loaded(pair[1], name="draft"), max_context=128, check_invariants=True)
-    monkeypatch.setattr(engine.costs, "record_target", lambda *a: None)
-    monkeypatch.setattr(engine.costs, "record_draft", lambda *a: None)
+    monkeypatch.setattr(engine.tuner.costs, "record_target", lambda *a: None)
+    monkeypatch.setattr(engine.tuner.costs, "record_draft", lambda *a: None)
     long_prompt = PROMPT * 3
     plain = engine.generate(long_prompt, drafter="none", max_new_tokens=90)
     known_costs(engine, draft_prefill_per_token=0.0025)
     passes_before_read = []
-    verify, read = engine._verify, engine.drafter("draft").prefill
-    monkeypatch.setattr(engine, "_verify", lambda *a: (passes_before_read.append(None), verify(*a))[1])
+    verify, read = step_module.verify_block, engine.drafter("draft").prefill
+    monkeypatch.setattr(step_module, "verify_block", lambda *a: (passes_before_read.append(None), verify(*a))[1])
     monkeypatch.setattr(engine.drafter("draft"), "prefill", lambda ids: (passes_before_read.append(len(passes_before_read)), read(ids)))
     result = engine.generate(long_prompt, drafter="draft", k="auto", max_new_tokens=90)
     assert result.token_ids == plain.token_ids
@@ -244,9 +245,9 @@ def test_a_long_prompt_is_read_by_the_draft_model_only_once_the_answer_shows_it_
     assert result.stats.draft_passes > 0
     # an answer that ends before it could repay the read never pays for it
     engine.reset()
-    engine.drafting_speedup.clear()
+    engine.tuner.drafting_speedup.clear()
     known_costs(engine, draft_prefill_per_token=0.0025)
-    result = engine.generate(long_prompt, drafter="draft", k="auto", max_new_tokens=engine_module.ANSWER_CREDIT + 6)
+    result = engine.generate(long_prompt, drafter="draft", k="auto", max_new_tokens=tuner_module.ANSWER_CREDIT + 6)
     assert result.stats.draft_passes == 0 and engine._drafters["draft"].cache.length == 0
     assert result.token_ids == plain.token_ids[: len(result.token_ids)]
 

@@ -42,7 +42,7 @@ class OracleDrafter(Drafter):
     def __init__(self, prompt, continuation):
         self.full = list(prompt) + list(continuation)
 
-    def propose(self, context, k, sampling, generator):
+    def propose(self, context, k, sampling, generator, stop_rule=None):
         assert context == self.full[: len(context)], "the engine confirmed a token the target would not produce"
         return Draft(self.full[len(context) : len(context) + k])
 
@@ -56,7 +56,7 @@ class RandomDrafter(Drafter):
         self.vocab_size = vocab_size
         self.rng = random.Random(seed)
 
-    def propose(self, context, k, sampling, generator):
+    def propose(self, context, k, sampling, generator, stop_rule=None):
         length = self.rng.randint(0, k)
         return Draft([self.rng.randrange(self.vocab_size) for _ in range(length)])
 
@@ -376,7 +376,7 @@ def test_drafter_instances_are_accepted():
 class ForgetfulDrafter(DraftModelDrafter):
     """Never rolls its cache back: keeps rejected draft tokens."""
 
-    def accept(self, context):
+    def sync(self, context):
         pass
 
 
@@ -399,7 +399,7 @@ def test_invariant_check_catches_a_target_cache_that_is_not_rolled_back(monkeypa
 def test_identity_check_catches_a_verifier_that_keeps_a_rejected_token(monkeypatch):
     """The identity suite can fail: a greedy verifier that keeps one draft token past the first
     disagreement must produce a difference the identity assertion reports."""
-    import specdecode.engine as engine_module
+    import specdecode.step as step_module
     from specdecode.verify import Verdict, verify_greedy
 
     def keeps_one_rejected(logits, draft_tokens):
@@ -408,7 +408,7 @@ def test_identity_check_catches_a_verifier_that_keeps_a_rejected_token(monkeypat
             return verdict
         return Verdict(verdict.accepted + 1, int(logits[verdict.accepted + 1].argmax()))
 
-    monkeypatch.setattr(engine_module, "verify_greedy", keeps_one_rejected)
+    monkeypatch.setattr(step_module, "verify_greedy", keeps_one_rejected)
     with pytest.raises(AssertionError, match="first difference at generated token"):
         check_identity("llama", "weak", 4)
 

@@ -31,7 +31,7 @@ def run_tune_cli(args) -> int:
     engine, _ = build_engine(args, with_draft_model=True)
     drafters = (["draft"] if engine.draft is not None else []) + ["lookup"]
     max_k = max(SWEEP_K)
-    engine.calibrate(max_k, engine.drafter("draft") if engine.draft is not None else None)
+    engine.measure_costs(max_k, engine.drafter("draft") if engine.draft is not None else None)
     greedy = SamplingParams()
 
     def run(drafter, k) -> dict:
@@ -51,19 +51,19 @@ def run_tune_cli(args) -> int:
 
     print(f"measuring plain decoding on {len(prompts)} {args.suite} prompts ...", file=sys.stderr)
     base = run("none", 0)["tokens_per_s"]
-    single = engine.costs.target_cost(1)
+    single = engine.tuner.costs.target_cost(1)
     print(f"plain decoding: {base:.2f} tok/s (decoding only, prefill excluded); target step {1000 * single:.0f} ms")
     print("| drafter | K | alpha | steps drafting | c | tau | predicted | measured |")
     print("|---|---|---|---|---|---|---|---|")
     sweep: dict[str, dict] = {}
     best = ("none", 0, 1.0)
     for drafter in drafters:
-        c = engine.costs.draft.get(drafter, 0.0) / single
+        c = engine.tuner.costs.draft.get(drafter, 0.0) / single
         for k in (*SWEEP_K, "auto"):
             m = run(drafter, k)
             m["measured"] = m["tokens_per_s"] / base
             if k != "auto":
-                m["predicted"] = predict(m["alpha"], k, c, engine.costs.target_cost(k + 1) / single, m["coverage"])
+                m["predicted"] = predict(m["alpha"], k, c, engine.tuner.costs.target_cost(k + 1) / single, m["coverage"])
                 if m["measured"] > best[2]:
                     best = (drafter, k, m["measured"])
             sweep.setdefault(drafter, {})[str(k)] = m

@@ -24,21 +24,46 @@ class Draft:
     # top probability, or prompt lookup's match-length score. The engine calibrates it per drafter.
     confidences: list[float] = field(default_factory=list)
 
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    @property
+    def drafted(self) -> int:
+        """Draft tokens that count as drafted: all of a chain, the main chain of a tree."""
+        return self.chain_length if self.is_tree else len(self.tokens)
+
+
+class StopRule:
+    """Ends a draft chain token by token (see policy.DraftStopRule): keep the next token? draft one more?"""
+
+    def keep(self, drafted: int, chain_prob: float, confidence: float) -> bool:
+        return True
+
+    def extend(self, drafted: int, chain_prob: float, confidence: float) -> bool:
+        return True
+
+    def acceptance(self, confidence: float) -> float:
+        """Predicted chance that a token of this confidence is accepted."""
+        return 1.0
+
 
 class Drafter:
-    """Base class. Drafters keep their own state in step with the engine through `accept`."""
+    """Base class. Drafters keep their own state in step with the engine through `sync`."""
 
     name = "base"
     has_model = False
-    supports_stop_rule = False  # whether it ends its own drafts through a DraftStopRule (adaptive K)
+    supports_stop_rule = False  # whether propose honours a StopRule (adaptive K within a chain)
     default_max_k = 8  # the largest K an adaptive policy may pick when the caller sets none
-    stop_rule = None
-    min_confidence = 0.0  # a confidence below which a chain ends (the draft model's knob; lookup keeps 0)
+    greedy_only = False  # token trees: verified by greedy matching only
+    tokens_per_depth = 1  # block tokens per draft position (a tree adds a runner-up beside each)
 
     def reset(self) -> None:
         """Forget everything about the previous generation."""
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
+                stop_rule: StopRule | None = None) -> Draft:
+        """Up to k tokens to follow context; a drafter that supports it ends early where stop_rule says."""
         raise NotImplementedError
 
     def prefill(self, context: list[int]) -> None:
@@ -48,5 +73,5 @@ class Drafter:
         """How many tokens of context (all but its last) `prefill` would still have to read."""
         return 0
 
-    def accept(self, context: list[int]) -> None:
-        """Called after verification with the full token sequence now known to be correct."""
+    def sync(self, context: list[int]) -> None:
+        """After verification: context is every token now confirmed; drop state past it."""

@@ -4,9 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import InputError
-from ..policy import DraftStopRule
 from ..sampling import PositionNoise, SamplingParams, probabilities
-from .base import Draft, Drafter
+from .base import Draft, Drafter, StopRule
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -22,13 +21,10 @@ class DraftModelDrafter(Drafter):
     has_model = True
     supports_stop_rule = True
 
-    def __init__(self, model, max_len: int, min_confidence: float = 0.0, prefill_chunk: int = 1024):
+    def __init__(self, model, max_len: int, prefill_chunk: int = 1024):
         self.model = model
         self.cache = model.new_cache(max_len)
         self.cached: list[int] = []  # the tokens whose keys/values the draft cache holds, in order
-        self.min_confidence = min_confidence  # stop drafting when the draft's top probability falls below
-        # Set by the engine when K is adaptive: ends the chain once another token no longer pays.
-        self.stop_rule: DraftStopRule | None = None
         self.prefill_chunk = prefill_chunk
         self.last_sync_tokens = 0  # tokens the last propose had to feed before drafting (1-2 normally)
 
@@ -63,33 +59,30 @@ class DraftModelDrafter(Drafter):
     def unread_tokens(self, context: list[int]) -> int:
         return max(0, len(context) - 1 - common_prefix_len(self.cached, context[:-1]))
 
-    def _sync(self, context: list[int]) -> torch.Tensor:
+    def _logits_after(self, context: list[int]) -> torch.Tensor:
         """Feed whatever of `context` the cache lacks; logits after its last token."""
         return self._feed(context, logits="last")
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
+                stop_rule: StopRule | None = None) -> Draft:
         k = min(k, self.cache.max_len - len(context))
         if k <= 0:
             return Draft()
-        logits = self._sync(context)
+        logits = self._logits_after(context)
         passes = 1
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         confidences: list[float] = []
         chain_prob = 1.0  # predicted chance that every token kept so far is accepted
-        rule = self.stop_rule
+        rule = stop_rule
         device = self.model.device
         while True:
             probs_row = probabilities(logits[None], sampling)[0] if not sampling.greedy else None
-            if rule is not None or self.min_confidence > 0:
+            if rule is not None:
                 confidence = float(torch.softmax(logits.float(), -1).max())
-                if rule is None:  # the rule applies min_confidence itself
-                    if confidence < self.min_confidence and tokens:
-                        break
-                elif not rule.keep(len(tokens), chain_prob, confidence):
+                if not rule.keep(len(tokens), chain_prob, confidence):
                     break
-                else:
-                    chain_prob *= rule.calibration(confidence)
+                chain_prob *= rule.acceptance(confidence)
             else:
                 confidence = float("nan")
             token = int(logits.argmax()) if probs_row is None else noise.choose(probs_row, len(context) + len(tokens))
@@ -105,7 +98,7 @@ class DraftModelDrafter(Drafter):
         probs = torch.stack(rows) if rows else None
         return Draft(tokens, probs, passes, catch_up=self.last_sync_tokens, confidences=confidences)
 
-    def accept(self, context: list[int]) -> None:
+    def sync(self, context: list[int]) -> None:
         keep = common_prefix_len(self.cached, context)
         self.cache.truncate(keep)
         del self.cached[keep:]
@@ -116,7 +109,7 @@ class DraftModelDrafter(Drafter):
         k = min(k, (self.cache.max_len - len(context)) // 2)
         if k <= 0:
             return Draft()
-        logits = self._sync(context)
+        logits = self._logits_after(context)
         passes = 1
         tokens: list[int] = []
         parents: list[int] = []
@@ -145,12 +138,15 @@ class TreeDrafter(DraftModelDrafter):
 
     name = "tree"
     supports_stop_rule = False  # trees are shaped by branch probability, not ended by the stop rule
+    greedy_only = True
+    tokens_per_depth = 2  # the chain token and, where likely enough, the runner-up
 
     def __init__(self, model, max_len: int, branch_min_prob: float = 0.1):
         super().__init__(model, max_len)
         self.branch_min_prob = branch_min_prob
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
+                stop_rule: StopRule | None = None) -> Draft:
         if not sampling.greedy:
             raise InputError("token-tree drafting supports greedy decoding only; use --draft with a chain for sampling")
         return self.propose_tree(context, k, self.branch_min_prob)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import PositionNoise, SamplingParams
-from .base import Draft, Drafter
+from .base import Draft, Drafter, StopRule
 
 
 def match_confidence(match_length: int) -> float:
@@ -21,7 +21,7 @@ def match_confidence(match_length: int) -> float:
 
 class PromptLookupDrafter(Drafter):
     name = "lookup"
-    supports_stop_rule = True  # the engine sets stop_rule when K is adaptive
+    supports_stop_rule = True
     default_max_k = 15  # a verify block of 16 still goes through the exact skinny kernel
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_candidates: int = 64, max_match: int = 32):
@@ -70,7 +70,8 @@ class PromptLookupDrafter(Drafter):
                 return best
         return None
 
-    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
+                stop_rule: StopRule | None = None) -> Draft:
         if k <= 0 or len(context) < 2:
             return Draft()
         self._sync_index(context)
@@ -84,10 +85,10 @@ class PromptLookupDrafter(Drafter):
         for i, token in enumerate(context[end + 1 : end + 1 + k]):
             # Once i copied tokens are accepted, the match is i tokens longer.
             confidence = match_confidence(length + i)
-            if self.stop_rule is not None:
-                if not self.stop_rule.keep(i, chain_prob, confidence):
+            if stop_rule is not None:
+                if not stop_rule.keep(i, chain_prob, confidence):
                     break
-                chain_prob *= self.stop_rule.calibration(confidence)
+                chain_prob *= stop_rule.acceptance(confidence)
             tokens.append(token)
             confidences.append(confidence)
         return Draft(tokens, confidences=confidences)

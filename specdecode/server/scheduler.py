@@ -103,28 +103,6 @@ class FairQueue:
         return jobs
 
 
-class PieceDecoder:
-    """Text of each token as it arrives (for colouring by origin), without splitting UTF-8 characters.
-
-    Decodes a short window around the new token, as vLLM and TGI do, so the cost per token is constant.
-    """
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.prefix_offset = 0
-        self.read_offset = 0
-
-    def push(self, token: int) -> str:
-        self.ids.append(token)
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
-        if full.endswith("\ufffd") or len(full) < len(prefix):
-            return ""  # an incomplete character: its text comes with a later token
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return full[len(prefix) :]
-
-
 @dataclass
 class Step:
     """One engine step, as handed from the worker to the response writer."""
@@ -194,7 +172,7 @@ class Scheduler:
         for name in names:
             try:
                 drafter = self.engine.drafter(name)
-                await loop.run_in_executor(self.executor, self.engine.calibrate, self.max_k, drafter)
+                await loop.run_in_executor(self.executor, self.engine.measure_costs, self.max_k, drafter)
             except Exception:  # a warm-up failure must not keep the server down; requests calibrate lazily
                 log.exception("warm-up calibration of %s failed", name)
 
@@ -290,7 +268,7 @@ class Scheduler:
         return prompt_ids, stream
 
     @staticmethod
-    def _step(stream, pieces: PieceDecoder) -> Step | None:
+    def _step(stream) -> Step | None:
         """Engine thread: one decoding step."""
         event = next(stream, None)
         if event is None:
@@ -299,7 +277,7 @@ class Scheduler:
         # "cancelled" is the engine's word; the only client that can still read it is one whose generation
         # the server cut at shutdown, for which OpenAI's vocabulary says "length".
         reason = ("length" if stats.finish_reason == "cancelled" else stats.finish_reason) if event.finished else None
-        return Step(event.text, list(event.tokens), list(event.origins), [pieces.push(t) for t in event.tokens],
+        return Step(event.text, list(event.tokens), list(event.origins), list(event.pieces),
                     stats.brief(), event.finished, reason, stats if event.finished else None)
 
     def _finish(self, job: Job, event: tuple) -> None:
@@ -323,10 +301,9 @@ class Scheduler:
             except SpecDecodeError as exc:  # InputError / ModelError: the engine's message is for the user
                 return self._finish(job, ("error", ApiError(400, str(exc), code="invalid_request")))
             job.events.put_nowait(("start", len(prompt_ids)))
-            pieces = PieceDecoder(self.engine.tokenizer)
             last = None
             while True:
-                step = await loop.run_in_executor(self.executor, self._step, stream, pieces)
+                step = await loop.run_in_executor(self.executor, self._step, stream)
                 if step is None:
                     break
                 now = time.perf_counter()

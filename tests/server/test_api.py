@@ -80,8 +80,8 @@ def test_streamed_completion_matches_and_carries_origins(client, reference):
             usage = chunk.usage
     assert "".join(text) == expected.text and finish == "length"
     assert tokens == expected.token_ids and "".join(pieces) == expected.text
-    assert set(origins) <= {"draft", "target", "bonus"} and "draft" in origins
-    assert usage.completion_tokens == 14 and usage.model_extra["accepted"] == origins.count("draft")
+    assert set(origins) <= {"accepted", "recovered", "bonus", "plain"} and "accepted" in origins
+    assert usage.completion_tokens == 14 and usage.model_extra["accepted"] == origins.count("accepted")
 
 
 def test_streamed_chat_deltas(client, reference):

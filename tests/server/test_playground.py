@@ -60,7 +60,7 @@ def test_generate_colours_tokens_and_shows_stats(live_server, page):
     spans = page.locator("#output span.tok")
     classes = [spans.nth(i).get_attribute("class") for i in range(spans.count())]
     origins = {c.split()[1] for c in classes}
-    assert origins <= {"draft", "target", "bonus"} and origins & {"draft", "bonus"}, classes
+    assert origins <= {"accepted", "recovered", "bonus", "plain"} and origins & {"accepted", "bonus"}, classes
     assert page.text_content("#output").startswith("\n    ")  # the function body, whitespace intact
     assert re.fullmatch(r"\d\.\d\d", page.text_content("#alpha")), page.text_content("#alpha")
     assert re.fullmatch(r"\d+\.\d\d", page.text_content("#tau"))

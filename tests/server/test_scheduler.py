@@ -12,7 +12,8 @@ from specdecode.errors import InputError
 from specdecode.engine import StreamEvent
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.protocol import ApiError, GenerationRequest
-from specdecode.server.scheduler import FairQueue, Job, PieceDecoder, QueueFull, Scheduler
+from specdecode.server.scheduler import FairQueue, Job, QueueFull, Scheduler
+from specdecode.text import IncrementalDetokenizer
 from specdecode.stats import GenerationStats
 
 
@@ -60,8 +61,8 @@ class FakeTokenizer:
         return bytes(ids).decode("utf-8", errors="replace")
 
 
-def test_piece_decoder_keeps_multibyte_characters_whole():
-    decoder = PieceDecoder(FakeTokenizer())
+def test_incremental_detokenizer_keeps_multibyte_characters_whole():
+    decoder = IncrementalDetokenizer(FakeTokenizer())
     pieces = [decoder.push(b) for b in "aé€b".encode()]
     assert "".join(pieces) == "aé€b"
     assert pieces == ["a", "", "é", "", "", "€", "b"]
@@ -99,11 +100,11 @@ class FakeEngine:
                 last = index + 1 == max_new_tokens
                 if not last and should_stop():
                     stats.finish_reason = "cancelled"
-                    yield StreamEvent(chr(token), [token], ["target"], stats, finished=True)
+                    yield StreamEvent(chr(token), [token], ["plain"], stats, finished=True, pieces=[chr(token)])
                     return
                 if last:
                     stats.finish_reason = "length"
-                yield StreamEvent(chr(token), [token], ["target"], stats, finished=last)
+                yield StreamEvent(chr(token), [token], ["plain"], stats, finished=last, pieces=[chr(token)])
 
         return steps()
 
@@ -216,7 +217,7 @@ def test_warmup_measures_every_offered_drafter_before_the_first_request():
     scheduler.close()
     for name in ("lookup", "draft"):
         drafter = engine.drafter(name)
-        assert engine.costs.known(engine.resolve_max_k(None, drafter)), name
-    assert "draft" in engine.costs.draft
+        assert engine.tuner.costs.known(engine.resolve_max_k(None, drafter)), name
+    assert "draft" in engine.tuner.costs.draft
     result = engine.generate([1, 2, 3, 1, 2], drafter="lookup", max_new_tokens=4)
     assert not any("measured target/draft costs" in note for note in result.stats.notes)

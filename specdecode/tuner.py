@@ -1,0 +1,172 @@
+"""What the engine learns across steps and generations, and the choices it makes from it.
+
+`Tuner` owns everything learned: the cost of target blocks and draft passes, per drafter the
+calibration of draft confidence against acceptance, the speedup drafting reached lately and the
+draft model's cost to read a prompt. Each generation gets a `GenerationTuning` from it, which
+chooses K before a step (`choose_k`), learns from the step (`observe`) and closes the books
+(`end`). Nothing here runs a model; the engine measures and reports.
+"""
+from __future__ import annotations
+
+from .drafters.base import Drafter, StopRule
+from .policy import ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule, MinConfidenceRule
+from .stats import GenerationStats
+
+# Tokens an answer is assumed to still have before it has shown more: the draft model reads a prompt
+# at once only if drafting that many tokens would repay the read (see GenerationTuning.draft_prefill_pays).
+ANSWER_CREDIT = 32
+
+
+class Tuner:
+    def __init__(self):
+        self.costs = CostModel()
+        # Per drafter: how often the target accepts a draft token of a given confidence (the draft model's
+        # top probability, or prompt lookup's match-length score).
+        self.calibrations: dict[str, ConfidenceCalibration] = {}
+        # Per drafter, the speedup its drafting steps reached in recent generations (decayed average): the
+        # prior a new generation starts from, so a pair that keeps losing starts with plain decoding.
+        self.drafting_speedup: dict[str, float] = {}
+        self.draft_prefill_cost: dict[str, float] = {}  # seconds per prompt token, measured on lazy prefills
+
+    def needs_costs(self, drafter: Drafter | None, fixed_k: int | None, max_k: int) -> bool:
+        """Whether an adaptive K must first time target blocks up to max_k + 1 tokens (and a draft pass)."""
+        if drafter is None or fixed_k is not None:
+            return False
+        return not self.costs.known(max_k) or (drafter.has_model and drafter.name not in self.costs.draft)
+
+    def start(self, drafter: Drafter | None, fixed_k: int | None, max_k: int, min_confidence: float = 0.0,
+              unread_prompt: int = 0, prompt_len: int = 0, target_prefill: float = 0.0) -> "GenerationTuning":
+        return GenerationTuning(self, drafter, fixed_k, max_k, min_confidence, unread_prompt, prompt_len, target_prefill)
+
+
+class GenerationTuning:
+    """One generation's choices. unread_prompt: prompt tokens the draft model has yet to read (lazy prefill)."""
+
+    def __init__(self, tuner: Tuner, drafter: Drafter | None, fixed_k: int | None, max_k: int,
+                 min_confidence: float, unread_prompt: int, prompt_len: int, target_prefill: float):
+        self.tuner = tuner
+        self.costs = tuner.costs
+        self.drafter = drafter
+        self.name = drafter.name if drafter is not None else "none"
+        self.fixed_k = fixed_k
+        self.unread_prompt = unread_prompt
+        self.prompt_len = prompt_len
+        self.target_prefill = target_prefill
+        # A pinned K drafts exactly K; an adaptive one also ends each chain where it stops paying.
+        chain_rule = drafter is not None and drafter.supports_stop_rule and fixed_k is None
+        self.stop_rule = self._stop_rule(chain_rule, min_confidence if drafter is not None and drafter.has_model else 0.0)
+        self.policy = DraftLengthPolicy(self.costs, self.name, fixed_k if drafter else 0, max_k,
+                                        chain_stops_itself=chain_rule,
+                                        drafts_are_free=chain_rule and not drafter.has_model)
+        if chain_rule and self.name in tuner.drafting_speedup:
+            self.policy.prior_speedup = min(1.5, max(0.7, tuner.drafting_speedup[self.name]))
+
+    def _stop_rule(self, chain_rule: bool, min_confidence: float) -> StopRule | None:
+        if chain_rule:
+            calibration = self.tuner.calibrations.setdefault(self.name, ConfidenceCalibration())
+            return DraftStopRule(self.costs, self.name, calibration, min_confidence)
+        if min_confidence > 0 and self.drafter is not None and self.drafter.supports_stop_rule:
+            return MinConfidenceRule(min_confidence)
+        return None
+
+    @property
+    def draft_needs_prompt(self) -> bool:
+        return self.unread_prompt > 0
+
+    def choose_k(self, budget: int, room: int, generated: int) -> int:
+        """Draft length of the next step. budget: tokens the caller still wants; room: cache positions left."""
+        if self.drafter is None:
+            return 0
+        k = min(self.policy.choose(), budget - 1, room // self.drafter.tokens_per_depth)
+        if k > 0 and self.draft_needs_prompt and self.fixed_k is None and not self.draft_prefill_pays(budget, generated):
+            self.policy.plain_steps += 1
+            return 0
+        return k
+
+    def draft_prefill_pays(self, budget: int, generated: int) -> bool:
+        """Before the draft model reads the prompt: can drafting the tokens still to come repay that read?
+
+        Saving expected: the tokens still to come, at a plain step each, times (1 - 1/speedup) at the speedup
+        the policy's prior expects. How many will come is unknown: the budget overstates it for short answers
+        (Spec-Bench RAG answers 9-57 tokens after 600-1000-token prompts, where reading the prompt into the
+        draft made speculation slower than plain decoding). So, as when renting before buying, count on as
+        many tokens as the answer already has, and at least ANSWER_CREDIT: a short prompt is read at once, a
+        long one once the answer has shown it will repay it. Prefill cost: measured per prompt token earlier,
+        else estimated from this generation's target prefill scaled by the draft/target step cost ratio.
+        """
+        plain = self.costs.target_cost(1)
+        if plain is None:
+            return True
+        # A losing history still lets a probe explore, judged at a modest 1.2x.
+        speedup = max(self.policy.prior_speedup, 1.2)
+        per_token = self.tuner.draft_prefill_cost.get(self.name)
+        if per_token is None:
+            draft = self.costs.draft.get(self.name)
+            if draft is None:
+                return True
+            per_token = self.target_prefill / max(1, self.prompt_len) * draft / plain
+        expected_left = min(budget, max(generated, ANSWER_CREDIT))
+        saving = expected_left * plain * (1.0 - 1.0 / speedup)
+        return saving > per_token * self.unread_prompt
+
+    def observe_draft_prefill(self, seconds: float) -> None:
+        """The draft model has read the prompt, in `seconds`."""
+        if self.unread_prompt >= 16:  # shorter reads are mostly fixed overhead
+            old = self.tuner.draft_prefill_cost.get(self.name)
+            per_token = seconds / self.unread_prompt
+            self.tuner.draft_prefill_cost[self.name] = per_token if old is None else 0.5 * (old + per_token)
+        self.unread_prompt = 0
+
+    def observe(self, step) -> None:
+        """Learn from a finished StepResult: block costs, acceptance, confidence calibration."""
+        draft = step.draft
+        self.costs.record_target(step.block_size, step.verify_seconds)
+        # A step that first had to consume many context tokens says nothing about a draft pass's cost.
+        if self.drafter is not None and draft.tokens and draft.catch_up <= 2:
+            self.costs.record_draft(self.name, step.draft_seconds / max(1, draft.forward_passes or len(draft.tokens)))
+        if self.drafter is None:
+            return
+        wasted = draft.forward_passes > len(draft.tokens) and not draft.is_tree
+        self.policy.update(step.accepted, draft.drafted, wasted=int(wasted), seconds=self._steady_seconds(step),
+                           tokens=len(step.tokens))
+        self._calibrate_confidence(draft, step.accepted)
+
+    def _steady_seconds(self, step) -> float:
+        """Draft + verify time of a step, without a catch-up (a probe after plain steps feeds the draft model
+        the tokens it missed): that is the price of probing, not of drafting, so the policy must not judge by it."""
+        draft_time = step.draft_seconds
+        per_pass = self.costs.draft.get(self.name)
+        if step.draft.catch_up > 2 and per_pass is not None:
+            draft_time = min(draft_time, per_pass * max(1, step.draft.forward_passes))
+        return draft_time + step.verify_seconds
+
+    def _calibrate_confidence(self, draft, accepted: int) -> None:
+        if draft.is_tree or not draft.confidences:
+            return
+        calibration = self.tuner.calibrations.setdefault(self.name, ConfidenceCalibration())
+        # Positions after the first rejection were never judged by the target.
+        for i, confidence in enumerate(draft.confidences[: accepted + 1]):
+            if confidence == confidence:  # NaN when the drafter did not compute it
+                calibration.update(confidence, i < accepted)
+
+    def end(self, stats: GenerationStats) -> None:
+        """The generation is over: keep its drafting speedup as the next one's prior; costs and notes to stats."""
+        policy = self.policy
+        measured = policy.measured_speedup()
+        if policy.chain_stops_itself and measured is not None and policy.drafting_steps >= 3:
+            old = self.tuner.drafting_speedup.get(self.name)
+            self.tuner.drafting_speedup[self.name] = measured if old is None else 0.6 * old + 0.4 * measured
+        stats.single_step_cost = self.costs.target_cost(1)
+        stats.draft_step_cost = self.costs.draft.get(self.name) if self.drafter is not None else None
+        stats.verify_cost_by_block = {n: self.costs.target_cost(n) for n in sorted(self.costs.target)}
+        alpha = stats.alpha
+        if alpha is not None and stats.drafted >= 8:
+            if alpha < 0.3:
+                stats.notes.append(
+                    f"low acceptance (alpha {alpha:.2f}): speculation likely costs more than it saves here"
+                    + ("; the adaptive policy fell back to plain decoding" if policy.plain_steps else "")
+                )
+            elif alpha < 0.6:
+                stats.notes.append(f"moderate acceptance (alpha {alpha:.2f}): expect a modest speedup at best")
+        if policy.plain_steps:
+            stats.notes.append(f"adaptive K chose plain decoding for {policy.plain_steps} of {stats.target_passes} steps")
