@@ -23,7 +23,7 @@ def matmul_path(request, monkeypatch):
         if kernels.load_kernel() is None:
             pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
     else:
-        monkeypatch.setattr(kernels, "_kernel", None)
+        monkeypatch.setattr(kernels.native, "_kernel", None)
     return request.param
 
 

@@ -198,3 +198,21 @@ def chi_square_pvalue(observed: dict, expected_probs: dict, n: int, min_expected
     df = cells - 1
     pvalue = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
     return stat, pvalue, df
+
+
+# Tiny model shapes that cover the architecture options (GQA, QKV bias, tied embeddings, one KV head).
+TINY_CONFIGS = {
+    "llama-gqa": dict(arch="llama"),
+    "qwen2-gqa-bias": dict(arch="qwen2"),
+    "llama-mha-tied": dict(arch="llama", n_kv_heads=4, tie_embeddings=True),
+    "qwen2-tied": dict(arch="qwen2", tie_embeddings=True, n_kv_heads=1),
+}
+
+
+def tokens_for(model, length, seed=1):
+    return torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(seed))
+
+
+def token_by_token(model, tokens, cache=None):
+    cache = cache or model.new_cache()
+    return torch.cat([model(tokens[i : i + 1], cache) for i in range(len(tokens))]), cache

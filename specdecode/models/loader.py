@@ -135,7 +135,7 @@ def _save_blocks(blocks: dict, path: Path) -> None:
 
 def _read_blocks(gguf_path: Path, folder: Path, config: ModelConfig) -> dict:
     """The GGUF blocks of every matrix, saved next to the converted weights the first time, since parsing
-    the GGUF header again costs ~30 s (the tokenizer's metadata) against under a second for this file."""
+    the GGUF header again (the tokenizer's metadata) is far slower than reading this file."""
     from safetensors import safe_open
 
     from .gguf_loader import read_gguf_blocks

@@ -138,7 +138,7 @@ def test_gguf_blocks_reproduce_the_float32_model_bit_for_bit(tmp_path, config, q
     tokens = torch.randint(0, model.config.vocab_size, (40,), generator=torch.Generator().manual_seed(5))
 
     def run(read_blocks):
-        monkeypatch.setattr(kernels, "READ_GGUF_BLOCKS", read_blocks)
+        monkeypatch.setattr(kernels.dispatch, "READ_GGUF_BLOCKS", read_blocks)
         cache = model.new_cache()
         outputs = [model(tokens[:20], cache)]  # prompt-sized: the float32 copy either way
         for start, size in ((20, 1), (21, 5), (26, 1), (27, 13)):
@@ -318,7 +318,7 @@ def test_the_real_tiny_model_decodes_from_its_gguf_blocks_with_float32_outputs(s
     tokens = torch.tensor(smollm2.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n" * 3))
 
     def run(read_blocks):
-        monkeypatch.setattr(kernels, "READ_GGUF_BLOCKS", read_blocks)
+        monkeypatch.setattr(kernels.dispatch, "READ_GGUF_BLOCKS", read_blocks)
         cache = model.new_cache(256)
         outputs = [model(tokens[:30], cache, logits="last")]
         for start, size in ((30, 1), (31, 16), (47, 4)):

@@ -4,23 +4,8 @@ import pytest
 import torch
 
 from specdecode.models.transformer import Transformer, causal_mask
-from testlib import fill_random, make_tiny_model, tiny_config
-
-CONFIGS = {
-    "llama-gqa": dict(arch="llama"),
-    "qwen2-gqa-bias": dict(arch="qwen2"),
-    "llama-mha-tied": dict(arch="llama", n_kv_heads=4, tie_embeddings=True),
-    "qwen2-tied": dict(arch="qwen2", tie_embeddings=True, n_kv_heads=1),
-}
-
-
-def tokens_for(model, length, seed=1):
-    return torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(seed))
-
-
-def token_by_token(model, tokens, cache=None):
-    cache = cache or model.new_cache()
-    return torch.cat([model(tokens[i : i + 1], cache) for i in range(len(tokens))]), cache
+from testlib import TINY_CONFIGS as CONFIGS
+from testlib import fill_random, make_tiny_model, tiny_config, token_by_token, tokens_for
 
 
 def random_gguf_blocks(qtype, rows: int, cols: int, seed: int) -> np.ndarray:
@@ -99,7 +84,7 @@ def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_load():
 def test_prefill_sized_float32_products_agree_whichever_gemm_runs_them(gemm, monkeypatch):
     from specdecode import kernels
 
-    monkeypatch.setattr(kernels, "PREFILL_GEMM", gemm)
+    monkeypatch.setattr(kernels.dispatch, "PREFILL_GEMM", gemm)
     gen = torch.Generator().manual_seed(2)
     weight, bias = torch.randn(70, 64, generator=gen), torch.randn(70, generator=gen)
     x = torch.randn(2, kernels.FLOAT32_CHUNKED_MAX_ROWS, 64, generator=gen)  # GEMM-sized, in a batch shape
@@ -118,45 +103,6 @@ def test_block_forward_matches_token_by_token(name, matmul_path):
     assert block.shape == (24, model.config.vocab_size)
     torch.testing.assert_close(block, rows, rtol=1e-5, atol=1e-4)
     assert torch.equal(block.argmax(-1), rows.argmax(-1))
-
-
-@pytest.mark.parametrize("name", CONFIGS)
-def test_block_forward_is_bitwise_token_by_token_with_cpu_kernel(name):
-    """kernels/__init__.py promises that with the skinny kernel "the verify pass reproduces the plain
-    decoding pass bit for bit (no floating-point near-tie can split them)". The linear layers keep that
-    promise; the whole forward must too, or greedy speculation can diverge from plain decoding at ties."""
-    from specdecode import kernels
-
-    if kernels.load_kernel() is None:
-        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
-    model = make_tiny_model(seed=3, **CONFIGS[name])
-    tokens = tokens_for(model, 24)
-    prefix, block_tokens = tokens[:15], tokens[15:]  # a verify-like block after a prefix
-    cache = model.new_cache()
-    model(prefix, cache, logits="none")
-    block = model(block_tokens, cache)
-    rows, _ = token_by_token(model, tokens)
-    diff = (block - rows[15:]).abs().max().item()
-    identical = torch.equal(block, rows[15:])
-    assert identical, f"verify block differs from token-by-token logits (max abs diff {diff:.3g})"
-
-
-def test_linear_kernel_is_row_count_invariant_bitwise():
-    """The property the kernel is built for: each output row is independent of how many rows run."""
-    from specdecode import kernels
-
-    if kernels.load_kernel() is None:
-        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
-    gen = torch.Generator().manual_seed(0)
-    for out_features, in_features in [(130, 64), (49, 576)]:
-        for dtype in (torch.float32, torch.bfloat16):
-            weight = torch.randn(out_features, in_features, generator=gen).to(dtype)
-            # 16 rows: the largest verify block (prompt lookup's K of 15) still goes through the kernel
-            x = torch.randn(kernels.SKINNY_MAX_ROWS, in_features, generator=gen)
-            full = kernels.linear(x, weight)
-            rows = torch.cat([kernels.linear(x[i : i + 1], weight) for i in range(len(x))])
-            assert torch.equal(full, rows)
-            torch.testing.assert_close(full, x @ weight.float().T, rtol=1e-4, atol=1e-4)
 
 
 def test_bfloat16_weights_run_prefill_sized_blocks_through_the_kernel_in_chunks():
@@ -383,92 +329,3 @@ def test_real_model_block_matches_token_by_token(smollm2):
     diff = (block - rows).abs().max().item()
     assert diff < 1e-3, f"max abs diff {diff}"
     assert torch.equal(block.argmax(-1), rows.argmax(-1))
-
-
-@pytest.mark.parametrize("heads, kv_heads, head_dim", [(12, 2, 128), (9, 3, 64), (4, 4, 72)])
-def test_block_attention_kernel_matches_pytorch_and_is_row_count_invariant(heads, kv_heads, head_dim):
-    """The attention kernel for decode steps and verify blocks: each row must equal PyTorch's attention
-    over the keys up to its position, and be the same bits whether it runs alone or inside a block."""
-    import torch.nn.functional as F
-
-    from specdecode import kernels
-
-    if kernels.load_kernel() is None:
-        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
-    gen = torch.Generator().manual_seed(7)
-    for start, rows in ((0, 1), (37, 5), (600, 16)):
-        room = start + rows + 9  # stale entries past the block must be ignored
-        keys = torch.randn(kv_heads, room, head_dim, generator=gen)
-        values = torch.randn(kv_heads, room, head_dim, generator=gen)
-        q = torch.randn(rows, heads, head_dim, generator=gen) * 2
-        out = kernels.block_attention(q, keys, values, start)
-        assert out.shape == (rows, heads, head_dim)
-        for i in range(rows):
-            n = start + i + 1
-            ref = F.scaled_dot_product_attention(q[i : i + 1].transpose(0, 1)[None], keys[None, :, :n], values[None, :, :n],
-                                                 enable_gqa=heads != kv_heads)[0].transpose(0, 1)
-            torch.testing.assert_close(out[i : i + 1], ref, rtol=1e-5, atol=1e-5)
-            assert torch.equal(out[i : i + 1], kernels.block_attention(q[i : i + 1], keys, values, start + i))
-
-
-@pytest.mark.parametrize("precision", ["float32", "int8"])
-@pytest.mark.parametrize("name", CONFIGS)
-def test_rows_are_bitwise_the_same_in_any_block(name, precision):
-    """A token computed alone (decode step), in a verify block of up to 65 rows (K = 64, the API's
-    largest) or in a prompt gives the same bits: logits and the keys/values it leaves in the cache.
-    Token-level identity tests on tiny models rarely hit a near-tie, so this compares the bits."""
-    from specdecode import kernels
-    from specdecode.models.loader import _to_quant_weights
-
-    if kernels.load_kernel() is None:
-        pytest.skip("no CPU kernel")
-    model = make_tiny_model(seed=11, **CONFIGS[name])
-    if precision == "int8":
-        _to_quant_weights(model)
-        assert isinstance(model.layers[0].qkv, kernels.QuantWeight)
-    tokens = tokens_for(model, 74)
-    one_by_one = model.new_cache()
-    model(tokens[:4], one_by_one, logits="none")
-    singles = torch.cat([model(tokens[i : i + 1], one_by_one) for i in range(4, 74)])
-    for block in (2, 5, 16, 26, 65):  # 26 and 65 rows: more than one kernel call
-        cache = model.new_cache()
-        model(tokens[:4], cache, logits="none")
-        logits = torch.cat([model(tokens[i : i + block], cache) for i in range(4, 74, block)])
-        assert torch.equal(logits, singles), block
-        assert torch.equal(cache.keys[:, :, :74], one_by_one.keys[:, :, :74]), block
-        assert torch.equal(cache.values[:, :, :74], one_by_one.values[:, :, :74]), block
-
-
-@pytest.mark.parametrize("precision", ["float32", "int8"])
-@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-gqa-bias"])
-def test_tree_nodes_are_bitwise_the_same_nodes_in_a_chain(name, precision):
-    """A token tree's node computes the bits of the same token at the same depth in a plain chain: logits
-    and keys/values. The chain here is 8 verify rows; the tree holds it with a sibling leaf at every depth."""
-    from specdecode import kernels
-    from specdecode.models.loader import _to_quant_weights
-    from specdecode.models.transformer import tree_mask, tree_positions
-
-    if kernels.load_kernel() is None:
-        pytest.skip("no CPU kernel")
-    model = make_tiny_model(seed=12, **CONFIGS[name])
-    if precision == "int8":
-        _to_quant_weights(model)
-    tokens = tokens_for(model, 14)
-    chain_cache, tree_cache = model.new_cache(), model.new_cache()
-    for c in (chain_cache, tree_cache):
-        model(tokens[:6], c, logits="none")
-    chain = tokens[6:14]  # root + 7 drafted tokens
-    chain_logits = model(chain, chain_cache)
-    nodes, parents, chain_index = [int(chain[0])], [], [0]
-    for depth in range(1, 8):  # the chain's token, then a sibling that differs
-        parents.append(chain_index[-1])
-        nodes.append(int(chain[depth]))
-        chain_index.append(len(nodes) - 1)
-        parents.append(chain_index[-2])
-        nodes.append((int(chain[depth]) + 1) % model.config.vocab_size)
-    tree_logits = model(torch.tensor(nodes), tree_cache, positions=tree_positions(6, parents, "cpu"),
-                        attn_mask=tree_mask(6, parents, "cpu"))
-    assert torch.equal(tree_logits[chain_index], chain_logits)
-    rows = [6 + i for i in chain_index]
-    assert torch.equal(tree_cache.keys[:, :, rows], chain_cache.keys[:, :, 6:14])
-    assert torch.equal(tree_cache.values[:, :, rows], chain_cache.values[:, :, 6:14])

@@ -177,7 +177,7 @@ def test_speculative_equals_autoregressive_with_torch_matmuls(kind, k, monkeypat
     """The same identity where the CPU kernel is unavailable (no compiler, GPU): plain torch matmuls."""
     from specdecode import kernels
 
-    monkeypatch.setattr(kernels, "_kernel", None)
+    monkeypatch.setattr(kernels.native, "_kernel", None)
     target, strong, weak = models("qwen2")
     expected = reference_greedy(target, PROMPT, NEW_TOKENS)  # recomputed on this matmul path
     engine = make_engine(target, weak if kind == "weak" else strong)

@@ -1,0 +1,108 @@
+"""Which kernel computes a product or an attention: the native one where it applies, else torch.
+
+Rows decide: decode steps and verify blocks (up to SKINNY_MAX_ROWS) always take the native kernel,
+which computes each row the same way whatever the block size; prompt-sized float32 products take a
+BLAS GEMM (plain and speculative decoding share the prefill, and a float32 target prefills in chunks
+the exact kernel computes, see FLOAT32_CHUNKED_MAX_ROWS).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import native
+from .weights import QUANT_ISA, SKINNY_MAX_ROWS, GGUFWeight, QuantWeight
+
+# Prompt-sized products up to these row counts also run through the kernel, in SKINNY_MAX_ROWS chunks,
+# because below them the GEMM loses on the CPUs measured (docs/cpu.md): bfloat16/int8 weights would first
+# be converted to float32 for it, and for a few dozen rows it still streams and packs 4 bytes per weight.
+LOW_PRECISION_CHUNKED_MAX_ROWS = 256
+FLOAT32_CHUNKED_MAX_ROWS = 128
+# Prefill-sized float32 products go through numpy's BLAS (OpenBLAS), faster than torch's GEMM for these
+# shapes where measured (docs/cpu.md). Plain and speculative decoding share the prefill, so this changes
+# no comparison between them.
+PREFILL_GEMM = os.environ.get("SPECDECODE_PREFILL_GEMM", "numpy")
+
+
+def int8_attn_in(x: torch.Tensor, norm: torch.Tensor, eps: float, qkv: QuantWeight, bias, cos, sin, config) -> torch.Tensor:
+    """RMSNorm, QKV product (+ bias) and rotary embedding of an int8 layer in one call: [T, q + 2 kv]."""
+    return native._kernel.int8_attn_in(x.contiguous(), norm, eps, qkv.parts, qkv.types, bias, cos.contiguous(), sin.contiguous(),
+                                config.n_heads, config.n_kv_heads, config.head_dim, QUANT_ISA)
+
+
+def int8_attn_out(x: torch.Tensor, attn: torch.Tensor, out_proj: QuantWeight, norm: torch.Tensor, eps: float,
+                  gate_up: QuantWeight, down: QuantWeight) -> torch.Tensor:
+    """The rest of an int8 layer after attention in one call: output projection, residual, RMSNorm, SwiGLU MLP, residual."""
+    return native._kernel.int8_attn_out(x.contiguous(), attn, out_proj.parts, out_proj.types, norm, eps, gate_up.parts, gate_up.types,
+                                 down.parts, down.types, QUANT_ISA)
+
+
+# Off: GGUFWeight products use their float32 copy (identical outputs; for timing the two paths in one process).
+READ_GGUF_BLOCKS = True
+
+
+def _kernel_rows(x: torch.Tensor, weight) -> torch.Tensor:
+    if isinstance(weight, GGUFWeight):
+        return native._kernel.gguf_linear(x, weight.parts, weight.types)
+    return native._kernel.skinny_linear(x, weight)
+
+
+def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                    visible: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Attention of a decode step or verify block ([T, H, D] queries in cache rows start..start+T-1) over
+    cache views [Hkv, >= start+T, D], through the CPU kernel: each row's result is independent of T.
+    Causal, or for a token tree `visible` [T, T] bool (each node sees its ancestors and itself): a tree
+    node then gets the bits of the same node in a chain. None where the kernel does not apply (no kernel,
+    not CPU float32, odd head size); the caller falls back.
+    """
+    if (
+        native._kernel is None
+        or q.device.type != "cpu"
+        or not q.dtype == keys.dtype == values.dtype == torch.float32
+        or q.shape[-1] % 8
+    ):
+        return None
+    return native._kernel.block_attention(q, keys, values, start, visible)
+
+
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x @ weight.T (+ bias); weight is [out, in] float32, bfloat16, GGUFWeight or QuantWeight; x is float32."""
+    if isinstance(weight, QuantWeight):
+        y = weight.matmul(x)
+        return y + bias if bias is not None else y
+    if isinstance(weight, GGUFWeight) and not READ_GGUF_BLOCKS:
+        weight = weight.dense
+    low_precision = weight.dtype == torch.bfloat16
+    if (
+        native._kernel is not None
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.shape[1] % 8 == 0
+    ):
+        rows = x.numel() // x.shape[-1]
+        if rows <= SKINNY_MAX_ROWS:
+            y = _kernel_rows(x, weight)
+            return y + bias if bias is not None else y
+        if rows <= (LOW_PRECISION_CHUNKED_MAX_ROWS if low_precision else FLOAT32_CHUNKED_MAX_ROWS):
+            flat = x.reshape(rows, x.shape[-1])
+            y = torch.cat([_kernel_rows(flat[i : i + SKINNY_MAX_ROWS], weight) for i in range(0, rows, SKINNY_MAX_ROWS)])
+            y = y.reshape(*x.shape[:-1], weight.shape[0])
+            return y + bias if bias is not None else y
+    if isinstance(weight, GGUFWeight):
+        weight = weight.dequantize(x.dtype)
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
+    if (
+        PREFILL_GEMM == "numpy"
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.numel() // x.shape[-1] > SKINNY_MAX_ROWS
+        and not x.requires_grad
+    ):
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        y = torch.from_numpy(np.matmul(flat.numpy(), weight.numpy().T)).reshape(*x.shape[:-1], weight.shape[0])
+        return y + bias if bias is not None else y
+    return F.linear(x, weight, bias)

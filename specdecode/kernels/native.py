@@ -1,0 +1,96 @@
+"""Compiling and loading the native CPU kernels (one PyTorch C++ extension), once per machine.
+
+The extension is built on first use into a folder keyed by the sources' content, the flags and the
+torch version, under a file lock that dies with its process. Without a compiler or AVX2/FMA the
+kernels are unavailable and every product falls back to torch (same outputs per path, slower).
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+_lock = threading.Lock()
+_kernel = None  # the loaded extension module; None until loaded, or where unavailable
+_kernel_failed: str | None = None
+
+
+def _cpu_has_avx2_fma() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags and " f16c" in flags
+
+
+_HERE = Path(__file__).parent
+KERNEL_SOURCES = [_HERE / name for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "quant_dot.cpp", "int8_layer.cpp")]
+KERNEL_HEADERS = [_HERE / name for name in ("avx2_math.h", "quant_dot_impl.h")]
+KERNEL_CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+
+
+def kernel_build_dir() -> Path:
+    """One build folder per checkout and content of the sources, header, flags and torch version.
+
+    PyTorch rebuilds when a source, its path or a flag changes (not a header): two checkouts sharing one
+    folder would rebuild over each other's library, possibly while the other process loads it.
+    """
+    from ..registry import cache_dir
+
+    digest = hashlib.sha256(" ".join(KERNEL_CFLAGS + [torch.__version__, str(_HERE)]).encode())
+    for path in [*KERNEL_SOURCES, *KERNEL_HEADERS]:
+        digest.update(path.read_bytes())
+    return cache_dir() / "kernels" / digest.hexdigest()[:16]
+
+
+def load_kernel():
+    """Compile (once, cached on disk by PyTorch) and return the extension, or None with a reason kept."""
+    global _kernel, _kernel_failed
+    if _kernel is not None or _kernel_failed is not None:
+        return _kernel
+    with _lock:
+        if _kernel is not None or _kernel_failed is not None:
+            return _kernel
+        if os.environ.get("SPECDECODE_NO_KERNEL"):
+            _kernel_failed = "disabled by SPECDECODE_NO_KERNEL"
+            return None
+        if not _cpu_has_avx2_fma():
+            _kernel_failed = "CPU lacks AVX2/FMA"
+            return None
+        try:
+            from torch.utils.cpp_extension import load
+
+            build_dir = kernel_build_dir()
+            build_dir.mkdir(parents=True, exist_ok=True)
+            if not list(build_dir.glob("specdecode_skinny_linear*.so")):
+                print("specdecode: compiling the CPU matmul and attention kernels (first use only, a few minutes) ...", file=sys.stderr)
+            # PyTorch's own build lock is a plain file: a build killed mid-way (SIGTERM, SIGKILL) leaves it
+            # behind and every later load waits on it forever. An flock dies with its process, so whoever holds
+            # it knows no other build of ours is running and removes a leftover file first.
+            with open(build_dir / "build.flock", "w") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                (build_dir / "lock").unlink(missing_ok=True)
+                _kernel = load(
+                    name="specdecode_skinny_linear",
+                    sources=[str(path) for path in KERNEL_SOURCES],
+                    extra_cflags=KERNEL_CFLAGS,
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(build_dir),
+                    verbose=False,
+                )
+        except Exception as exc:  # a missing compiler must not stop inference, only slow it
+            _kernel_failed = f"{type(exc).__name__}: {exc}"
+            print(f"specdecode: CPU kernel unavailable, using torch matmul ({_kernel_failed})", file=sys.stderr)
+            _kernel = None
+        return _kernel
+
+
+def kernel_status() -> str:
+    if _kernel is not None:
+        return "skinny-avx2"
+    return f"torch ({_kernel_failed})" if _kernel_failed else "not loaded"

@@ -1,0 +1,103 @@
+"""Weight matrices the native kernels read: GGUF blocks for the int8 target, float32 with its blocks kept."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import native
+from .native import load_kernel
+
+# Rows one kernel call takes: a decode step or a verify block (prompt lookup's largest is 16 tokens).
+SKINNY_MAX_ROWS = 16
+# ggml block types the gguf kernel reads (gguf.GGMLQuantizationType values): Q4_1, Q8_0, Q4_K, Q6_K.
+# Kept here, not asked of the kernel, because converting a GGUF file saves its blocks without compiling
+# anything; a test checks it against the kernel's own list (gguf_block_types).
+GGUF_KERNEL_TYPES = frozenset({3, 8, 12, 14})
+
+
+# ggml block types the int8 kernel (quant_dot.cpp) reads: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K. A test checks
+# this against the kernel's own list (quant_block_types).
+QUANT_KERNEL_TYPES = frozenset({2, 3, 6, 8, 12, 14})
+Q8_0 = 8
+# The int8 kernel's instruction set: "auto" picks AVX-512 VNNI where the CPU has it, else AVX2. Both give
+# the same bits; SPECDECODE_ISA=avx2 forces the AVX2 path (for A/B timing).
+QUANT_ISA = os.environ.get("SPECDECODE_ISA", "auto")
+
+
+class QuantWeight:
+    """A weight matrix kept as GGUF blocks, multiplied with int8-quantized activations (the int8 target).
+
+    One part per source tensor, stacked along the output dimension. Every product runs through
+    quant_dot.cpp in blocks of at most SKINNY_MAX_ROWS rows, prompts included, so each row's result is
+    the one that row gets alone: prefill, decode steps and verify blocks compute a token the same way.
+    """
+
+    dtype = torch.int8
+
+    def __init__(self, parts: list[tuple[int, torch.Tensor]]):
+        import gguf
+
+        self.types = [int(t) for t, _ in parts]
+        self.parts = [blocks.contiguous() for _, blocks in parts]
+        weights_per_block, bytes_per_block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(self.types[0])]
+        self.shape = torch.Size([sum(p.shape[0] for p in self.parts), self.parts[0].shape[1] // bytes_per_block * weights_per_block])
+        self.device = torch.device("cpu")
+
+    @classmethod
+    def from_dense(cls, weight: torch.Tensor) -> "QuantWeight":
+        """Float weights as Q8_0 blocks (one float16 scale per 32 weights)."""
+        return cls([(Q8_0, load_kernel().quantize_q8_0(weight.detach().to(torch.float32).contiguous()))])
+
+    def index_select(self, dim: int, index: torch.Tensor) -> "QuantWeight":
+        """Whole rows (the draft's frequent-vocabulary head): from one part only."""
+        if dim != 0 or len(self.parts) != 1:
+            raise ValueError("QuantWeight selects whole rows of a one-part matrix only")
+        return QuantWeight([(self.types[0], self.parts[0].index_select(0, index))])
+
+    def contiguous(self) -> "QuantWeight":
+        return self
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] float32 -> [..., out]; any number of rows, SKINNY_MAX_ROWS per kernel call."""
+        flat = x.reshape(-1, x.shape[-1])
+        calls = [
+            native._kernel.quant_linear(flat[i : i + SKINNY_MAX_ROWS], self.parts, self.types, QUANT_ISA, -1)
+            for i in range(0, flat.shape[0], SKINNY_MAX_ROWS)
+        ]
+        y = calls[0] if len(calls) == 1 else torch.cat(calls)
+        return y.reshape(*x.shape[:-1], self.shape[0])
+
+
+def gguf_blocks_enabled(device) -> bool:
+    """Whether a float32 model loaded from GGUF on this device should keep its blocks for the gguf kernel.
+    SPECDECODE_DENSE_WEIGHTS=1 turns it off (same outputs, float32 weights streamed: for A/B timing)."""
+    return torch.device(device).type == "cpu" and load_kernel() is not None and not os.environ.get("SPECDECODE_DENSE_WEIGHTS")
+
+
+class GGUFWeight:
+    """A float32 weight that keeps the GGUF blocks it was dequantized from, one part per source tensor.
+
+    Decode steps and verify blocks (up to SKINNY_MAX_ROWS rows) read the blocks through gguf_linear.cpp,
+    which returns the float32 kernel's result bit for bit while streaming 0.56-0.82 bytes per weight
+    instead of 4; prompt-sized products keep the float32 copy for the BLAS GEMM. Outputs are therefore
+    those of the float32 model whichever path runs: this is a faster float32 target, not a 4-bit one.
+    """
+
+    dtype = torch.float32
+
+    def __init__(self, dense: torch.Tensor, parts: list[tuple[int, torch.Tensor]]):
+        self.dense = dense
+        self.types = [int(t) for t, _ in parts]
+        self.parts = [blocks.contiguous() for _, blocks in parts]
+        self.shape = dense.shape
+        self.device = dense.device
+
+    def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
+        return self.dense.index_select(dim, index)
+
+    def contiguous(self) -> "GGUFWeight":
+        return self
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.dense.to(dtype)
