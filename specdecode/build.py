@@ -20,6 +20,7 @@ class EngineOptions:
     device: str | None = None
     ctx: int = 4096
     threads: int | None = None
+    suffix_store_tokens: int = 262_144  # earlier requests' tokens the suffix drafter may copy from
 
     @classmethod
     def from_args(cls, args) -> "EngineOptions":
@@ -84,7 +85,7 @@ def build_engine(options, need_draft: bool = True, with_draft_model: bool = Fals
         if with_draft_model and options.model == registry.DEFAULT_TARGET:
             draft_spec = registry.DEFAULT_DRAFT
     if draft_spec in DRAFTERS and not DRAFTERS[draft_spec].needs_draft_model:
-        return Engine(target, None, max_context=options.ctx), draft_spec
+        return Engine(target, None, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens), draft_spec
     dtype = draft_dtype(options.draft_dtype, target)
     try:
         draft = load_model(draft_spec, device=options.device, dtype=dtype, max_context=options.ctx)
@@ -92,4 +93,4 @@ def build_engine(options, need_draft: bool = True, with_draft_model: bool = Fals
         if options.draft_dtype != "auto":
             raise
         draft = load_model(draft_spec, device=options.device, dtype="bfloat16", max_context=options.ctx)
-    return Engine(target, draft, max_context=options.ctx), "draft"
+    return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens), "draft"

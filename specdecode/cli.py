@@ -20,7 +20,8 @@ def _add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None
         p.add_argument(
             "--draft",
             default=None,
-            help="draft model (name or path), 'lookup' for prompt lookup, or 'none' for plain decoding"
+            help="draft model (name or path), 'lookup' for prompt lookup, 'suffix' for lookup that also copies"
+                 " from earlier requests, or 'none' for plain decoding"
             f" (default: lookup; {registry.DEFAULT_DRAFT} for the default target at --precision float32 or on a GPU)",
         )
         p.add_argument("--draft-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
@@ -208,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a browser origin (e.g. https://app.example) allowed to call the API; repeatable. Other origins get 403")
     s.add_argument("--queue-size", type=int, default=16,
                    help="requests that may wait while one generates (default 16); beyond it 429 with Retry-After")
+    s.add_argument("--suffix-store-tokens", type=int, default=262_144,
+                   help="tokens of earlier requests the 'suffix' drafter keeps to copy from, per server (default"
+                        " 262144); each client's requests are kept apart")
     s.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds a SIGTERM waits for running and queued requests before cutting them (default 30)")
     s.set_defaults(func=cmd_serve)

@@ -18,6 +18,7 @@ from . import kernels
 from .drafters.base import Drafter
 from .drafters.draft_model import DraftModelDrafter, common_prefix_len
 from .drafters.registry import drafter_spec
+from .drafters.suffix_store import SuffixStore
 from .drafters.vocab import frequent_token_ids
 from .errors import InputError, ModelError
 from .models.loader import LoadedModel
@@ -64,6 +65,7 @@ class Engine:
         prefill_chunk: int = 1024,
         check_invariants: bool = False,
         draft_vocab: int | None = 32768,
+        suffix_store_tokens: int = 262_144,
     ):
         self.target = target
         self.draft = draft
@@ -86,6 +88,7 @@ class Engine:
             prefill_chunk = min(prefill_chunk, kernels.FLOAT32_CHUNKED_MAX_ROWS)
         self.prefill_chunk = prefill_chunk
         self.tuner = Tuner()  # what the engine learns across steps and generations
+        self.suffix_store = SuffixStore(suffix_store_tokens)  # earlier requests, for the suffix drafter
         self.check_invariants = check_invariants
         self._drafters: dict[str, Drafter] = {}
         self.last_prompt_ids: list[int] = []
@@ -113,7 +116,7 @@ class Engine:
             raise InputError(f"drafter '{spec.name}' needs a draft model (load the engine with one)")
         drafter = self._drafters.get(spec.name)
         if drafter is None:
-            drafter = self._drafters[spec.name] = spec.build(self.draft.model if self.draft else None, self.max_context)
+            drafter = self._drafters[spec.name] = spec.build(self)
         return drafter
 
     @staticmethod
@@ -172,7 +175,10 @@ class Engine:
         min_confidence: float = 0.0,
         max_k: int | None = None,
         should_stop: Callable[[], bool] | None = None,
+        namespace: str = "",
     ) -> Iterator[StreamEvent]:
+        """Generate, one event per speculative step. namespace: whose request this is; drafters that learn
+        from earlier requests (suffix) propose only from the same namespace's."""
         sampling = sampling or SamplingParams()
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -190,7 +196,8 @@ class Engine:
             raise InputError(f"drafter '{drafter_obj.name}' supports greedy decoding only; use a chain drafter for sampling")
         stopper = Stopper(self.tokenizer, max_new_tokens, stop or ())
         fixed_k = None if k == "auto" else int(k)
-        return self._loop(prompt_ids, drafter_obj, fixed_k, sampling, stopper, max_k, min_confidence, should_stop)
+        return self._loop(prompt_ids, drafter_obj, fixed_k, sampling, stopper, max_k, min_confidence, should_stop,
+                          namespace)
 
     # ----------------------------------------------------------------- the loop
     def _prefill(self, prompt_ids: list[int]) -> None:
@@ -205,10 +212,10 @@ class Engine:
             self.target.model(torch.tensor(chunk, device=device), self.cache, logits="none")
             self.cached_ids.extend(chunk)
 
-    def _loop(self, prompt_ids, drafter, fixed_k, sampling, stopper, max_k, min_confidence, should_stop):
+    def _loop(self, prompt_ids, drafter, fixed_k, sampling, stopper, max_k, min_confidence, should_stop, namespace):
         """Choose K, take a speculative step, learn from it, hand its text out; until the answer stops."""
         stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
-        tuning, started = self._start_generation(prompt_ids, drafter, fixed_k, max_k, min_confidence, stats)
+        tuning, started = self._start_generation(prompt_ids, drafter, namespace, fixed_k, max_k, min_confidence, stats)
         noise = sampling.noise()
         sequence = list(prompt_ids)  # every token the target has confirmed; its cache holds all but the last
         live = self._live_generation = object()
@@ -233,17 +240,17 @@ class Engine:
             stats.generated_tokens, stats.origins = len(stopper.tokens), Counter(stopper.origin_counts)
             stats.time_total = time.perf_counter() - started
             if out.finish is not None:
-                stats.finish_reason = out.finish
-                tuning.end(stats)
+                self._finish(stats, out.finish, tuning, drafter, sequence)
             yield StreamEvent(out.text, out.tokens, out.origins, stats, out.finish is not None, out.pieces)
             if out.finish is not None:
                 return
 
-    def _start_generation(self, prompt_ids, drafter, fixed_k, max_k, min_confidence, stats) -> tuple[GenerationTuning, float]:
+    def _start_generation(self, prompt_ids, drafter, namespace, fixed_k, max_k, min_confidence,
+                          stats) -> tuple[GenerationTuning, float]:
         """Measure costs if the adaptive K lacks them, read the prompt into the target cache.
         Returns the generation's tuning and the time it started (costs measured before it)."""
         if drafter is not None:
-            drafter.sync(prompt_ids[:-1])  # drop state from another sequence; keeps a shared prefix
+            drafter.begin(prompt_ids[:-1], namespace)  # drops state from another sequence; keeps a shared prefix
         if self.tuner.needs_costs(drafter, fixed_k, max_k):
             t0 = time.perf_counter()
             self.measure_costs(max_k, drafter)
@@ -256,6 +263,13 @@ class Engine:
         self._prefill(prompt_ids)
         stats.time_prefill = time.perf_counter() - started
         return self.tuner.start(drafter, fixed_k, max_k, min_confidence, unread, len(prompt_ids), stats.time_prefill), started
+
+    @staticmethod
+    def _finish(stats: GenerationStats, reason: str, tuning: GenerationTuning, drafter, sequence: list[int]) -> None:
+        stats.finish_reason = reason
+        tuning.end(stats)
+        if drafter is not None:
+            drafter.end(sequence)
 
     @staticmethod
     def _read_prompt_into_draft(drafter, prompt_ids, tuning) -> float:

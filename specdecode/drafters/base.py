@@ -66,6 +66,14 @@ class Drafter:
         """Up to k tokens to follow context; a drafter that supports it ends early where stop_rule says."""
         raise NotImplementedError
 
+    def begin(self, context: list[int], namespace: str = "") -> None:
+        """A generation starts from context (the prompt but its last token). namespace: whose request it is,
+        for drafters that remember earlier requests (see suffix.py)."""
+        self.sync(context)
+
+    def end(self, sequence: list[int]) -> None:
+        """The generation finished with this whole sequence (prompt and answer)."""
+
     def prefill(self, context: list[int]) -> None:
         """Called once per generation with the prompt, before the first proposal (model drafters read it here)."""
 

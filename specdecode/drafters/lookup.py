@@ -79,16 +79,21 @@ class PromptLookupDrafter(Drafter):
         if match is None:
             return Draft()
         end, length = match
-        tokens: list[int] = []
-        confidences: list[float] = []
-        chain_prob = 1.0
-        for i, token in enumerate(context[end + 1 : end + 1 + k]):
-            # Once i copied tokens are accepted, the match is i tokens longer.
-            confidence = match_confidence(length + i)
-            if stop_rule is not None:
-                if not stop_rule.keep(i, chain_prob, confidence):
-                    break
-                chain_prob *= stop_rule.acceptance(confidence)
-            tokens.append(token)
-            confidences.append(confidence)
-        return Draft(tokens, confidences=confidences)
+        return copy_draft(context, end, length, k, stop_rule)
+
+
+def copy_draft(source: list[int], end: int, length: int, k: int, stop_rule: StopRule | None) -> Draft:
+    """Up to k tokens of what followed source[end], where the context's last `length` tokens matched."""
+    tokens: list[int] = []
+    confidences: list[float] = []
+    chain_prob = 1.0
+    for i, token in enumerate(source[end + 1 : end + 1 + k]):
+        # Once i copied tokens are accepted, the match is i tokens longer.
+        confidence = match_confidence(length + i)
+        if stop_rule is not None:
+            if not stop_rule.keep(i, chain_prob, confidence):
+                break
+            chain_prob *= stop_rule.acceptance(confidence)
+        tokens.append(token)
+        confidences.append(confidence)
+    return Draft(tokens, confidences=confidences)

@@ -12,14 +12,15 @@ from ..errors import InputError
 from .base import Drafter
 from .draft_model import DraftModelDrafter, TreeDrafter
 from .lookup import PromptLookupDrafter
+from .suffix import SuffixDrafter
 
 
 @dataclass(frozen=True)
 class DrafterSpec:
     name: str
     needs_draft_model: bool
-    # (draft model or None, context length) -> a new drafter; None for plain decoding.
-    build: Callable[[object, int], Drafter] | None
+    # engine -> a new drafter for it; None for plain decoding.
+    build: Callable[[object], Drafter] | None
     description: str
 
 
@@ -27,11 +28,13 @@ DRAFTERS: dict[str, DrafterSpec] = {
     spec.name: spec
     for spec in (
         DrafterSpec("none", False, None, "plain decoding, one target pass per token"),
-        DrafterSpec("lookup", False, lambda model, max_len: PromptLookupDrafter(),
+        DrafterSpec("lookup", False, lambda engine: PromptLookupDrafter(),
                     "copy what followed an earlier occurrence of the recent tokens (no model)"),
-        DrafterSpec("draft", True, lambda model, max_len: DraftModelDrafter(model, max_len),
+        DrafterSpec("suffix", False, lambda engine: SuffixDrafter(engine.suffix_store),
+                    "prompt lookup over this request and the same client's earlier requests (no model)"),
+        DrafterSpec("draft", True, lambda engine: DraftModelDrafter(engine.draft.model, engine.max_context),
                     "a small model of the same tokenizer drafts a chain"),
-        DrafterSpec("tree", True, lambda model, max_len: TreeDrafter(model, max_len),
+        DrafterSpec("tree", True, lambda engine: TreeDrafter(engine.draft.model, engine.max_context),
                     "the draft model's top-2 token tree (greedy only)"),
     )
 }

@@ -12,6 +12,7 @@ the running speculation statistics; the playground colours tokens from it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -40,6 +41,13 @@ log = logging.getLogger("specdecode.server")
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 API_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/")
+
+
+def request_namespace(request: Request, client: str, user: str | None) -> str:
+    """Who a request speaks for, as far as the server can tell: the bearer key it showed, its address and its
+    `user` field. Text remembered from one namespace is never drafted for another."""
+    key = request.headers.get("authorization", "")
+    return hashlib.sha256(f"{key}\n{client}\n{user or ''}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
 class ClientGone(Exception):
@@ -241,7 +249,7 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
             raise ApiError(400, f"drafter '{gen.drafter}' needs a draft model; this server has none (try 'lookup')",
                            param="speculative.drafter", code="drafter_unavailable")
         client = request.client.host if request.client else "?"
-        job = Job(gen, user_key=gen.user or client)
+        job = Job(gen, user_key=gen.user or client, namespace=request_namespace(request, client, gen.user))
         job.prompt_ids = await scheduler.tokenize(gen)
         scheduler.submit(job)
         watch = DisconnectWatch(request)

@@ -37,6 +37,8 @@ class Job:
     state: str = "queued"  # queued | running | done
     cancel_reason: str | None = None
     prompt_ids: list[int] | None = None  # tokenized before queueing (Scheduler.tokenize); else on the engine thread
+    # Whose text this is: drafters that remember earlier requests (suffix) propose only within one namespace.
+    namespace: str = ""
 
     def cancel(self, reason: str) -> bool:
         """Ask the generation to stop at its next step. False when it had already finished."""
@@ -263,7 +265,7 @@ class Scheduler:
         drafter = request.drafter or self.default_drafter
         stream = engine.stream(
             prompt_ids, drafter=drafter, k=request.k, sampling=sampling, max_new_tokens=max_tokens,
-            stop=request.stop, max_k=self.max_k, should_stop=self._should_stop(job),
+            stop=request.stop, max_k=self.max_k, should_stop=self._should_stop(job), namespace=job.namespace,
         )
         return prompt_ids, stream
 

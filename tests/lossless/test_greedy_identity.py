@@ -501,3 +501,26 @@ def test_a_stream_interrupted_by_another_on_the_same_engine_stops_with_a_clear_e
     with pytest.raises(InputError, match="another generation started"):
         list(first)
     assert engine.generate(PROMPT, drafter="draft", k=2, max_new_tokens=20).token_ids == reference("llama", tuple(PROMPT), 20)
+
+
+# --------------------------------------------------------------------------- drafts from earlier requests
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_suffix_drafts_from_earlier_requests_change_nothing(arch):
+    """The suffix drafter copies from the same client's earlier requests: a store holding a wrong
+    continuation of the prompt must not change the output, and one holding the right one makes the
+    target accept long copies. Another client's request drafts nothing from either."""
+    target, strong, _ = models(arch)
+    expected = reference(arch, tuple(PROMPT), NEW_TOKENS)
+    engine = make_engine(target, strong)
+    wrong = [(t * 7 + 3) % target.config.vocab_size for t in expected]
+    engine.suffix_store.add("alice", PROMPT + wrong)
+    misled = engine.generate(PROMPT, drafter="suffix", k=8, max_new_tokens=NEW_TOKENS, namespace="alice")
+    assert misled.token_ids == expected, divergence_report(target, PROMPT, expected, misled.token_ids)
+    assert misled.stats.drafted > misled.stats.accepted  # the wrong copy was proposed, and rejected
+    again = engine.generate(PROMPT, drafter="suffix", k=8, max_new_tokens=NEW_TOKENS, namespace="alice")
+    assert again.token_ids == expected
+    assert again.stats.accepted >= NEW_TOKENS // 2  # the answer stored by the first request was copied
+    stranger = engine.generate(PROMPT, drafter="suffix", k=8, max_new_tokens=NEW_TOKENS, namespace="bob")
+    plain_lookup = engine.generate(PROMPT, drafter="lookup", k=8, max_new_tokens=NEW_TOKENS)
+    assert stranger.token_ids == expected
+    assert stranger.stats.accepted == plain_lookup.stats.accepted  # nothing of alice's text reached bob

@@ -147,3 +147,22 @@ def test_metrics_exposition(client, live_server):
         assert name in text, name
     assert 'specdecode_acceptance_rate{drafter="draft"} 1.0' in text
     assert 'specdecode_requests_total{endpoint="/v1/completions",status="200"}' in text
+
+
+def test_suffix_drafts_come_from_the_same_clients_earlier_requests_only(client, reference):
+    """A request's answer joins the suffix store under its client's namespace (key, address, `user`): the
+    same client asking again copies it, another user on the same server gets nothing of it."""
+    prompt = "Write the alphabet backwards, letter by letter:"
+    expected = reference(prompt, 24, chat=False)
+
+    def ask(user):
+        response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, user=user,
+                                              extra_body={"speculative": {"drafter": "suffix", "k": 8}}, **GREEDY)
+        assert response.choices[0].text == expected.text
+        return response.usage.model_extra["accepted"]
+
+    first = ask("alice-suffix")
+    again = ask("alice-suffix")
+    stranger = ask("bob-suffix")
+    assert again >= 16 > first  # copied from alice's first answer
+    assert stranger == first  # bob starts from nothing, as alice did

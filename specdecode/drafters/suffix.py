@@ -1,0 +1,42 @@
+"""Suffix drafting: prompt lookup over the current context, and over earlier requests in a SuffixStore.
+
+Each step copies from whichever matches the context's last tokens further back: the text of this
+request (as prompt lookup does) or an earlier request of the same namespace. At the end of a
+generation the whole sequence joins the store, so the next request can copy from it. Free to run,
+like prompt lookup; its drafts go through the same confidence scores and stop rule.
+"""
+from __future__ import annotations
+
+from ..sampling import PositionNoise, SamplingParams
+from .base import Draft, StopRule
+from .lookup import PromptLookupDrafter, copy_draft
+from .suffix_store import SuffixStore
+
+
+class SuffixDrafter(PromptLookupDrafter):
+    name = "suffix"
+
+    def __init__(self, store: SuffixStore, **lookup_options):
+        super().__init__(**lookup_options)
+        self.store = store
+        self.namespace = ""
+
+    def begin(self, context: list[int], namespace: str = "") -> None:
+        self.namespace = namespace
+        self.sync(context)
+
+    def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
+                stop_rule: StopRule | None = None) -> Draft:
+        if k <= 0 or len(context) < 2:
+            return Draft()
+        self._sync_index(context)
+        local = self._best_match(context)
+        earlier = self.store.best_match(self.namespace, context, self.max_match)
+        if earlier is not None and (local is None or earlier.length > local[1]):
+            return copy_draft(earlier.tokens, earlier.end, earlier.length, k, stop_rule)
+        if local is None:
+            return Draft()
+        return copy_draft(context, local[0], local[1], k, stop_rule)
+
+    def end(self, sequence: list[int]) -> None:
+        self.store.add(self.namespace, sequence)

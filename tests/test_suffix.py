@@ -1,0 +1,59 @@
+"""SuffixStore and the suffix drafter: matches across requests, namespaces kept apart, memory capped."""
+from specdecode.drafters.suffix import SuffixDrafter
+from specdecode.drafters.suffix_store import SuffixStore
+from specdecode.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+def test_the_store_finds_what_followed_the_longest_earlier_match():
+    store = SuffixStore()
+    store.add("a", [1, 2, 3, 4, 5, 6])
+    store.add("a", [9, 9, 2, 3, 4, 7, 8])
+    match = store.best_match("a", [0, 1, 2, 3, 4], max_match=32)
+    assert match.tokens[match.end + 1 :] == [5, 6] and match.length == 4  # 1 2 3 4 beats 2 3 4
+    match = store.best_match("a", [5, 9, 2, 3, 4], max_match=32)
+    assert match.tokens[match.end + 1 :] == [7, 8]
+    assert store.best_match("a", [7, 7, 7], max_match=32) is None
+
+
+def test_namespaces_never_see_each_others_text():
+    store = SuffixStore()
+    store.add("alice", [1, 2, 3, 4, 5])
+    assert store.best_match("bob", [1, 2, 3], max_match=32) is None
+    assert store.best_match("alice", [1, 2, 3], max_match=32) is not None
+
+
+def test_a_chat_continuation_replaces_its_earlier_turn():
+    store = SuffixStore()
+    store.add("a", [1, 2, 3, 4])
+    store.add("a", [1, 2, 3, 4, 5, 6, 7])
+    assert len(store) == 1 and store.tokens == 7
+
+
+def test_the_store_stays_under_its_cap_evicting_the_oldest():
+    store = SuffixStore(max_tokens=100)
+    for i in range(50):
+        store.add("a", [i * 1000 + j for j in range(30)])
+        assert store.tokens <= 100
+    assert len(store) == 3
+    assert store.best_match("a", [0, 1, 2], max_match=32) is None  # the first sequence is gone
+    assert store.best_match("a", [49000, 49001, 49002], max_match=32) is not None
+    assert len(store._index) == sum(len(tokens) - 2 for _, tokens in store._docs.values())  # no stale keys
+    store.add("a", list(range(500)))  # longer than the cap: its last 100 tokens are kept
+    assert store.tokens == 100
+
+
+def test_the_drafter_copies_from_the_store_or_the_context_whichever_matches_further():
+    store = SuffixStore()
+    store.add("a", [10, 11, 12, 13, 14, 15, 16])
+    drafter = SuffixDrafter(store)
+    drafter.begin([], "a")
+    assert drafter.propose([5, 11, 12, 13], 3, GREEDY, GREEDY.noise()).tokens == [14, 15, 16]
+    # the context's own earlier text matches further back than the store
+    context = [9, 10, 11, 12, 13, 20, 21, 9, 10, 11, 12, 13]
+    assert drafter.propose(context, 2, GREEDY, GREEDY.noise()).tokens == [20, 21]
+    drafter.begin([], "b")
+    assert drafter.propose([5, 11, 12, 13], 3, GREEDY, GREEDY.noise()).tokens == []
+    drafter.end([1, 2, 3, 4, 5])
+    assert store.best_match("b", [1, 2, 3], max_match=32) is not None
