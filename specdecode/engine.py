@@ -16,7 +16,7 @@ import torch
 
 from . import kernels
 from .drafters.base import Drafter
-from .drafters.draft_model import DraftModelDrafter, common_prefix_len
+from .drafters.draft_model import common_prefix_len
 from .drafters.registry import drafter_spec
 from .drafters.suffix_store import SuffixStore
 from .drafters.vocab import frequent_token_ids
@@ -166,7 +166,7 @@ class Engine:
         self,
         prompt,
         *,
-        drafter: str | Drafter | None = "draft",
+        drafter: str | Drafter | None = "auto",
         k: int | str = "auto",
         sampling: SamplingParams | None = None,
         max_new_tokens: int = 256,
@@ -292,8 +292,9 @@ class Engine:
             raise AssertionError(f"target cache holds {self.cache.length} tokens, expected {len(sequence) - 1}")
         if self.cached_ids != sequence[:-1]:
             raise AssertionError("target cache token record diverged from the sequence")
-        if isinstance(drafter, DraftModelDrafter):
-            if drafter.cache.length != len(drafter.cached) or drafter.cached != sequence[: len(drafter.cached)]:
+        model = drafter.model_drafter if drafter is not None else None
+        if model is not None:
+            if model.cache.length != len(model.cached) or model.cached != sequence[: len(model.cached)]:
                 raise AssertionError("draft cache holds tokens that are not a prefix of the sequence")
 
     # ----------------------------------------------------------------- cost measurement
@@ -331,16 +332,17 @@ class Engine:
                 self.target.model(tokens, scratch, logits="all").argmax(-1).tolist()
 
             self.tuner.costs.target[size] = fastest(target_pass)
-        if isinstance(drafter, DraftModelDrafter):
-            d_cache = drafter.model.new_cache(warm_len + 1)
-            drafter.model(warm, d_cache, logits="none")
+        model = drafter.model_drafter if drafter is not None else None
+        if model is not None:
+            d_cache = model.model.new_cache(warm_len + 1)
+            model.model(warm, d_cache, logits="none")
 
             def draft_pass():
                 d_cache.truncate(warm_len)
-                drafter.model(warm[:1], d_cache, logits="last").argmax().item()
+                model.model(warm[:1], d_cache, logits="last").argmax().item()
 
             draft_pass()
-            self.tuner.costs.draft[drafter.name] = fastest(draft_pass)
+            self.tuner.costs.draft[model.name] = fastest(draft_pass)
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

@@ -37,6 +37,8 @@ class GenerationStats:
     steps_by_k: Counter = field(default_factory=Counter)  # target passes by the number of tokens drafted
     accepted_by_k: Counter = field(default_factory=Counter)  # accepted draft tokens, by the same key
     origins: Counter = field(default_factory=Counter)  # accepted / recovered / bonus / plain (see step.py)
+    # Accepted draft tokens by the source that drafted them (lookup / store / draft; the drafter's name else).
+    accepted_by_source: Counter = field(default_factory=Counter)
     time_prefill: float = 0.0
     time_draft: float = 0.0
     time_verify: float = 0.0
@@ -58,6 +60,8 @@ class GenerationStats:
         self.draft_passes += step.draft.forward_passes
         self.steps_by_k[drafted] += 1
         self.accepted_by_k[drafted] += step.accepted
+        if drafted:
+            self.accepted_by_source[step.draft.source or self.drafter] += step.accepted
         self.time_draft += step.draft_seconds
         self.time_verify += step.verify_seconds
 
@@ -130,6 +134,7 @@ class GenerationStats:
                 "total": self.time_total,
             },
             "origins": dict(self.origins),
+            "accepted_by_source": dict(self.accepted_by_source),
             "predicted_speedup": self.predicted(),
             "notes": list(self.notes),
             "finish_reason": self.finish_reason,

@@ -15,6 +15,8 @@ from .stats import GenerationStats
 # Tokens an answer is assumed to still have before it has shown more: the draft model reads a prompt
 # at once only if drafting that many tokens would repay the read (see GenerationTuning.draft_prefill_pays).
 ANSWER_CREDIT = 32
+# A draft model that has been losing is still tried on one in this many chances, to notice a recovery.
+PROBE_EVERY = 12
 
 
 class Tuner:
@@ -32,7 +34,8 @@ class Tuner:
         """Whether an adaptive K must first time target blocks up to max_k + 1 tokens (and a draft pass)."""
         if drafter is None or fixed_k is not None:
             return False
-        return not self.costs.known(max_k) or (drafter.has_model and drafter.name not in self.costs.draft)
+        model = drafter.model_drafter
+        return not self.costs.known(max_k) or (model is not None and model.name not in self.costs.draft)
 
     def start(self, drafter: Drafter | None, fixed_k: int | None, max_k: int, min_confidence: float = 0.0,
               unread_prompt: int = 0, prompt_len: int = 0, target_prefill: float = 0.0) -> "GenerationTuning":
@@ -54,20 +57,27 @@ class GenerationTuning:
         self.target_prefill = target_prefill
         # A pinned K drafts exactly K; an adaptive one also ends each chain where it stops paying.
         chain_rule = drafter is not None and drafter.supports_stop_rule and fixed_k is None
-        self.stop_rule = self._stop_rule(chain_rule, min_confidence if drafter is not None and drafter.has_model else 0.0)
+        self.stop_rule = self._stop_rule(chain_rule, min_confidence if drafter is not None and drafter.model_drafter else 0.0)
         self.policy = DraftLengthPolicy(self.costs, self.name, fixed_k if drafter else 0, max_k,
                                         chain_stops_itself=chain_rule,
                                         drafts_are_free=chain_rule and not drafter.has_model)
+        self.budget, self.generated = 0, 0
+        self.model_steps, self.model_tokens, self.model_seconds, self.model_refusals = 0, 0.0, 0.0, 0
         if chain_rule and self.name in tuner.drafting_speedup:
             self.policy.prior_speedup = min(1.5, max(0.7, tuner.drafting_speedup[self.name]))
 
     def _stop_rule(self, chain_rule: bool, min_confidence: float) -> StopRule | None:
+        if chain_rule and len(getattr(self.drafter, "sources", ())) > 1:
+            return SourceRules(self, min_confidence)
         if chain_rule:
-            calibration = self.tuner.calibrations.setdefault(self.name, ConfidenceCalibration())
-            return DraftStopRule(self.costs, self.name, calibration, min_confidence)
+            return self.rule_for(self.name, min_confidence)
         if min_confidence > 0 and self.drafter is not None and self.drafter.supports_stop_rule:
             return MinConfidenceRule(min_confidence)
         return None
+
+    def rule_for(self, source: str, min_confidence: float = 0.0) -> DraftStopRule:
+        calibration = self.tuner.calibrations.setdefault(source, ConfidenceCalibration())
+        return DraftStopRule(self.costs, source, calibration, min_confidence)
 
     @property
     def draft_needs_prompt(self) -> bool:
@@ -77,13 +87,16 @@ class GenerationTuning:
         """Draft length of the next step. budget: tokens the caller still wants; room: cache positions left."""
         if self.drafter is None:
             return 0
+        self.budget, self.generated = budget, generated
         k = min(self.policy.choose(), budget - 1, room // self.drafter.tokens_per_depth)
-        if k > 0 and self.draft_needs_prompt and self.fixed_k is None and not self.draft_prefill_pays(budget, generated):
+        if k > 0 and self.draft_needs_prompt and self.fixed_k is None and not self.draft_prefill_pays(
+            budget, generated, self.name, self.unread_prompt
+        ):
             self.policy.plain_steps += 1
             return 0
         return k
 
-    def draft_prefill_pays(self, budget: int, generated: int) -> bool:
+    def draft_prefill_pays(self, budget: int, generated: int, name: str, unread: int) -> bool:
         """Before the draft model reads the prompt: can drafting the tokens still to come repay that read?
 
         Saving expected: the tokens still to come, at a plain step each, times (1 - 1/speedup) at the speedup
@@ -99,15 +112,15 @@ class GenerationTuning:
             return True
         # A losing history still lets a probe explore, judged at a modest 1.2x.
         speedup = max(self.policy.prior_speedup, 1.2)
-        per_token = self.tuner.draft_prefill_cost.get(self.name)
+        per_token = self.tuner.draft_prefill_cost.get(name)
         if per_token is None:
-            draft = self.costs.draft.get(self.name)
+            draft = self.costs.draft.get(name)
             if draft is None:
                 return True
             per_token = self.target_prefill / max(1, self.prompt_len) * draft / plain
         expected_left = min(budget, max(generated, ANSWER_CREDIT))
         saving = expected_left * plain * (1.0 - 1.0 / speedup)
-        return saving > per_token * self.unread_prompt
+        return saving > per_token * unread
 
     def observe_draft_prefill(self, seconds: float) -> None:
         """The draft model has read the prompt, in `seconds`."""
@@ -120,30 +133,35 @@ class GenerationTuning:
     def observe(self, step) -> None:
         """Learn from a finished StepResult: block costs, acceptance, confidence calibration."""
         draft = step.draft
+        source = draft.source or self.name
         self.costs.record_target(step.block_size, step.verify_seconds)
         # A step that first had to consume many context tokens says nothing about a draft pass's cost.
         if self.drafter is not None and draft.tokens and draft.catch_up <= 2:
-            self.costs.record_draft(self.name, step.draft_seconds / max(1, draft.forward_passes or len(draft.tokens)))
+            self.costs.record_draft(source, step.draft_seconds / max(1, draft.forward_passes or len(draft.tokens)))
         if self.drafter is None:
             return
         wasted = draft.forward_passes > len(draft.tokens) and not draft.is_tree
-        self.policy.update(step.accepted, draft.drafted, wasted=int(wasted), seconds=self._steady_seconds(step),
-                           tokens=len(step.tokens))
-        self._calibrate_confidence(draft, step.accepted)
+        seconds = self._steady_seconds(step, source)
+        self.policy.update(step.accepted, draft.drafted, wasted=int(wasted), seconds=seconds, tokens=len(step.tokens))
+        if draft.source == "draft":  # a multi-source drafter's model steps, judged on their own
+            self.model_steps += 1
+            self.model_tokens = self.policy.rate_decay * self.model_tokens + len(step.tokens)
+            self.model_seconds = self.policy.rate_decay * self.model_seconds + seconds
+        self._calibrate_confidence(draft, step.accepted, source)
 
-    def _steady_seconds(self, step) -> float:
+    def _steady_seconds(self, step, source: str) -> float:
         """Draft + verify time of a step, without a catch-up (a probe after plain steps feeds the draft model
         the tokens it missed): that is the price of probing, not of drafting, so the policy must not judge by it."""
         draft_time = step.draft_seconds
-        per_pass = self.costs.draft.get(self.name)
+        per_pass = self.costs.draft.get(source)
         if step.draft.catch_up > 2 and per_pass is not None:
             draft_time = min(draft_time, per_pass * max(1, step.draft.forward_passes))
         return draft_time + step.verify_seconds
 
-    def _calibrate_confidence(self, draft, accepted: int) -> None:
+    def _calibrate_confidence(self, draft, accepted: int, source: str) -> None:
         if draft.is_tree or not draft.confidences:
             return
-        calibration = self.tuner.calibrations.setdefault(self.name, ConfidenceCalibration())
+        calibration = self.tuner.calibrations.setdefault(source, ConfidenceCalibration())
         # Positions after the first rejection were never judged by the target.
         for i, confidence in enumerate(draft.confidences[: accepted + 1]):
             if confidence == confidence:  # NaN when the drafter did not compute it
@@ -152,10 +170,11 @@ class GenerationTuning:
     def end(self, stats: GenerationStats) -> None:
         """The generation is over: keep its drafting speedup as the next one's prior; costs and notes to stats."""
         policy = self.policy
-        measured = policy.measured_speedup()
-        if policy.chain_stops_itself and measured is not None and policy.drafting_steps >= 3:
-            old = self.tuner.drafting_speedup.get(self.name)
-            self.tuner.drafting_speedup[self.name] = measured if old is None else 0.6 * old + 0.4 * measured
+        plain = self.costs.target_cost(1)
+        if self.model_steps >= 3 and plain is not None:  # a multi-source drafter: its model steps' speedup
+            self._remember_speedup("draft", self.model_tokens / self.model_seconds * plain)
+        elif policy.chain_stops_itself and policy.drafting_steps >= 3 and policy.measured_speedup() is not None:
+            self._remember_speedup(self.name, policy.measured_speedup())
         stats.single_step_cost = self.costs.target_cost(1)
         stats.draft_step_cost = self.costs.draft.get(self.name) if self.drafter is not None else None
         stats.verify_cost_by_block = {n: self.costs.target_cost(n) for n in sorted(self.costs.target)}
@@ -170,3 +189,38 @@ class GenerationTuning:
                 stats.notes.append(f"moderate acceptance (alpha {alpha:.2f}): expect a modest speedup at best")
         if policy.plain_steps:
             stats.notes.append(f"adaptive K chose plain decoding for {policy.plain_steps} of {stats.target_passes} steps")
+
+    def _remember_speedup(self, name: str, measured: float) -> None:
+        old = self.tuner.drafting_speedup.get(name)
+        self.tuner.drafting_speedup[name] = measured if old is None else 0.6 * old + 0.4 * measured
+
+    def model_pays(self, context: list[int]) -> bool:
+        """For a multi-source drafter: is drafting with its model worth it now? Not where the model's recent
+        speedup was below 1 (but every PROBE_EVERY-th chance still probes it), nor where reading the prompt
+        into it would cost more than drafting the rest of the answer can save."""
+        prior = self.tuner.drafting_speedup.get("draft")
+        if prior is not None and prior < 1.0:
+            self.model_refusals += 1
+            if self.model_refusals % PROBE_EVERY:
+                return False
+        unread = self.drafter.model.unread_tokens(context)
+        return unread <= 2 or self.draft_prefill_pays(self.budget, self.generated, "draft", unread)
+
+
+class SourceRules(StopRule):
+    """Stop rules of a multi-source drafter (auto): one DraftStopRule per source, each with its own
+    calibration and pass cost, and the decision whether the costly source (the draft model) may draft."""
+
+    def __init__(self, tuning: GenerationTuning, min_confidence: float):
+        self.tuning = tuning
+        self.min_confidence = min_confidence  # the draft model's knob
+        self.rules: dict[str, DraftStopRule] = {}
+
+    def for_source(self, source: str) -> StopRule:
+        rule = self.rules.get(source)
+        if rule is None:
+            rule = self.rules[source] = self.tuning.rule_for(source, self.min_confidence if source == "draft" else 0.0)
+        return rule
+
+    def allows(self, source: str, context: list[int]) -> bool:
+        return source != "draft" or self.tuning.model_pays(context)

@@ -23,6 +23,9 @@ class Draft:
     # Per drafted token, a score that predicts its acceptance (NaN when not computed): the draft model's
     # top probability, or prompt lookup's match-length score. The engine calibrates it per drafter.
     confidences: list[float] = field(default_factory=list)
+    # Where the tokens came from when a drafter has several sources ("lookup": this request's text, "store":
+    # earlier requests, "draft": the draft model); "" for the drafter itself. Calibrated and costed apart.
+    source: str = ""
 
     @property
     def is_tree(self) -> bool:
@@ -47,6 +50,14 @@ class StopRule:
         """Predicted chance that a token of this confidence is accepted."""
         return 1.0
 
+    def for_source(self, source: str) -> "StopRule":
+        """The rule for drafts from one source of a multi-source drafter (each learns its own calibration)."""
+        return self
+
+    def allows(self, source: str, context: list[int]) -> bool:
+        """Whether drafting from a costly source (a draft model) pays at this point of the generation."""
+        return True
+
 
 class Drafter:
     """Base class. Drafters keep their own state in step with the engine through `sync`."""
@@ -65,6 +76,11 @@ class Drafter:
                 stop_rule: StopRule | None = None) -> Draft:
         """Up to k tokens to follow context; a drafter that supports it ends early where stop_rule says."""
         raise NotImplementedError
+
+    @property
+    def model_drafter(self):
+        """The DraftModelDrafter this drafter drafts with, if any (its costs are measured up front)."""
+        return None
 
     def begin(self, context: list[int], namespace: str = "") -> None:
         """A generation starts from context (the prompt but its last token). namespace: whose request it is,

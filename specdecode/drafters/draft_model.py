@@ -28,6 +28,10 @@ class DraftModelDrafter(Drafter):
         self.prefill_chunk = prefill_chunk
         self.last_sync_tokens = 0  # tokens the last propose had to feed before drafting (1-2 normally)
 
+    @property
+    def model_drafter(self) -> "DraftModelDrafter":
+        return self
+
     def reset(self) -> None:
         self.cache.truncate(0)
         self.cached = []

@@ -12,6 +12,7 @@ from ..errors import InputError
 from .base import Drafter
 from .draft_model import DraftModelDrafter, TreeDrafter
 from .lookup import PromptLookupDrafter
+from .auto import AutoDrafter
 from .suffix import SuffixDrafter
 
 
@@ -27,6 +28,9 @@ class DrafterSpec:
 DRAFTERS: dict[str, DrafterSpec] = {
     spec.name: spec
     for spec in (
+        DrafterSpec("auto", False, lambda engine: AutoDrafter(
+            engine.drafter("suffix"), engine.drafter("draft") if engine.draft is not None else None),
+                    "per step: copy from this or earlier requests, else the draft model where it pays"),
         DrafterSpec("none", False, None, "plain decoding, one target pass per token"),
         DrafterSpec("lookup", False, lambda engine: PromptLookupDrafter(),
                     "copy what followed an earlier occurrence of the recent tokens (no model)"),

@@ -15,6 +15,7 @@ from .suffix_store import SuffixStore
 
 class SuffixDrafter(PromptLookupDrafter):
     name = "suffix"
+    sources = ("lookup", "store")  # copies from this request or from earlier ones, calibrated apart
 
     def __init__(self, store: SuffixStore, **lookup_options):
         super().__init__(**lookup_options)
@@ -33,10 +34,14 @@ class SuffixDrafter(PromptLookupDrafter):
         local = self._best_match(context)
         earlier = self.store.best_match(self.namespace, context, self.max_match)
         if earlier is not None and (local is None or earlier.length > local[1]):
-            return copy_draft(earlier.tokens, earlier.end, earlier.length, k, stop_rule)
-        if local is None:
-            return Draft()
-        return copy_draft(context, local[0], local[1], k, stop_rule)
+            source, tokens, end, length = "store", earlier.tokens, earlier.end, earlier.length
+        elif local is not None:
+            source, tokens, (end, length) = "lookup", context, local
+        else:
+            return Draft(source="lookup")
+        draft = copy_draft(tokens, end, length, k, stop_rule.for_source(source) if stop_rule else None)
+        draft.source = source
+        return draft
 
     def end(self, sequence: list[int]) -> None:
         self.store.add(self.namespace, sequence)

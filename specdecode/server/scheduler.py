@@ -169,7 +169,7 @@ class Scheduler:
     async def warmup(self) -> None:
         """Measure the costs the adaptive K needs for every drafter this server offers, before it reports
         ready, so no request pays for them (the first request would otherwise wait for the timing passes)."""
-        names = ["lookup"] + (["draft"] if self.engine.draft is not None else [])
+        names = ["auto", "lookup"] + (["draft"] if self.engine.draft is not None else [])
         loop = asyncio.get_running_loop()
         for name in names:
             try:

@@ -105,7 +105,7 @@ def drafter_for(kind, engine, prompt, expected):
         return OracleDrafter(prompt, expected)
     if kind == "random":
         return RandomDrafter(engine.target.model.config.vocab_size)
-    return kind  # "lookup", "none"
+    return kind  # "lookup", "auto" (prompt lookup, then the strong draft model), "none"
 
 
 def check_identity(arch, kind, k, max_new_tokens=NEW_TOKENS, prompt=PROMPT, max_context=128, precision="float32"):
@@ -124,7 +124,7 @@ def check_identity(arch, kind, k, max_new_tokens=NEW_TOKENS, prompt=PROMPT, max_
 
 # --------------------------------------------------------------------------- the main matrix
 @pytest.mark.parametrize("k", range(1, 9))
-@pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "tree", "tree-weak"])
+@pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "tree", "tree-weak", "auto"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_speculative_equals_autoregressive(arch, kind, k):
     result = check_identity(arch, kind, k)
@@ -155,7 +155,7 @@ def test_blocks_larger_than_one_kernel_call_are_exact(precision, kind, k):
 
 
 @pytest.mark.parametrize("k", [1, 2, 5, 8, 15, "auto"])
-@pytest.mark.parametrize("kind", ["strong", "weak", "lookup"])
+@pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "auto"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int8_target_speculative_equals_its_autoregressive(arch, kind, k):
     """The int8 target (GGUF-style blocks times int8 activations) is exact against itself: every matmul
@@ -273,7 +273,7 @@ def test_stop_string_inside_an_accepted_run(kind, stop_tokens):
         assert stats.tau == 1.0  # every plain pass produced one token, whether output or cut
 
 
-@pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "oracle", "tree", "none"])
+@pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "oracle", "tree", "auto", "none"])
 @pytest.mark.parametrize("k", [1, 8, "auto"])
 @pytest.mark.parametrize("prompt_len", [44, 47])
 def test_prompt_that_nearly_fills_the_context(kind, k, prompt_len):
@@ -524,3 +524,10 @@ def test_suffix_drafts_from_earlier_requests_change_nothing(arch):
     plain_lookup = engine.generate(PROMPT, drafter="lookup", k=8, max_new_tokens=NEW_TOKENS)
     assert stranger.token_ids == expected
     assert stranger.stats.accepted == plain_lookup.stats.accepted  # nothing of alice's text reached bob
+
+
+def test_auto_copies_where_the_text_matches_and_drafts_with_the_model_elsewhere():
+    result = check_identity("llama", "auto", 4, max_new_tokens=80)
+    by_source = result.stats.accepted_by_source
+    assert set(by_source) <= {"lookup", "store", "draft"}
+    assert by_source["draft"] > 0 and by_source["lookup"] > 0, by_source

@@ -219,6 +219,9 @@ E2E_CASES = {
     "draft-model-adaptive-chain": ("draft", SamplingParams(temperature=1.0), 1200, "auto"),
     # prompt lookup with K auto: the stop rule ends each copy by its match-length score (0..K tokens)
     "lookup-adaptive": ("lookup", SamplingParams(temperature=1.0), 1500, "auto"),
+    # the default drafter: copies from this sample's text and from earlier samples (the suffix store), else
+    # the draft model; each source with its own stop rule
+    "auto-adaptive": ("auto", SamplingParams(temperature=1.0), 1200, "auto"),
 }
 
 
