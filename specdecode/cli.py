@@ -7,6 +7,7 @@ import os
 import sys
 
 from . import registry
+from .bench.prompts import SUITES
 from .build import build_engine, parse_k
 from .errors import SpecDecodeError
 
@@ -168,7 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="plain vs speculative decoding on public prompt sets, same process")
     _add_model_args(b)
     _add_decoding_args(b)
-    b.add_argument("--suite", default="humaneval", choices=["humaneval", "specbench"])
+    b.add_argument("--suite", default="humaneval", choices=list(SUITES),
+                   help="humaneval, specbench, or copy-heavy workloads built from HumanEval: codeedit (edit a"
+                        " given function), chat3 (three-turn chats restating the function)")
     b.add_argument("--limit", type=int, default=10, help="prompts (per category for specbench)")
     b.add_argument("--offset", type=int, default=0, help="skip this many prompts (per category) first, to continue an earlier run")
     b.add_argument("--categories", default=None, help="comma-separated Spec-Bench categories")
@@ -190,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tune", help="measure alpha and costs on sample prompts; print the best drafter and K")
     _add_model_args(t)
-    t.add_argument("--suite", default="humaneval", choices=["humaneval", "specbench"])
+    t.add_argument("--suite", default="humaneval", choices=list(SUITES))
     t.add_argument("--limit", type=int, default=3)
     t.add_argument("--max-new-tokens", type=int, default=64)
     t.add_argument("--bench-dir", default=None)

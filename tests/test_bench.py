@@ -182,3 +182,15 @@ def test_peer_summary_gives_ratios_to_specdecode_plain_and_to_each_systems_own_p
     assert summary["transformers-assisted"]["vs_own_plain"] == pytest.approx(1.5)
     assert summary["specdecode-draft"]["vs_own_plain"] == pytest.approx(2.0)
     assert summary["llama.cpp"]["vs_specdecode_plain"] == pytest.approx(4.0)  # kept from an earlier run
+
+
+def test_copy_suites_restate_the_humaneval_function():
+    from specdecode.bench.prompts import find_bench_dir, load_suite
+
+    bench_dir = find_bench_dir()
+    edits = load_suite("codeedit", bench_dir, 4)
+    assert [p.category for p in edits] == ["codeedit"] * 4 and all(len(p.turns) == 1 for p in edits)
+    assert "for idx, elem in enumerate(numbers):" in edits[0].turns[0]  # the solution is in the prompt
+    assert "has_close_elements_v2" not in edits[0].turns[0] and "separate_paren_groups_v2" in edits[1].turns[0]
+    chats = load_suite("chat3", bench_dir, 3, offset=1)
+    assert [len(p.turns) for p in chats] == [3, 3, 3] and chats[0].id == "HumanEval/1"

@@ -1,4 +1,5 @@
-"""Public prompt sets: HumanEval and Spec-Bench, read from ../shared/bench (or --bench-dir)."""
+"""Public prompt sets: HumanEval and Spec-Bench, read from ../shared/bench (or --bench-dir), and copy-heavy
+workloads built from HumanEval (copy_suites.py)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,9 @@ from pathlib import Path
 
 from ..errors import InputError
 
-SUITE_FILES = {"humaneval": "humaneval.jsonl", "specbench": "specbench.jsonl"}
+SUITE_FILES = {"humaneval": "humaneval.jsonl", "specbench": "specbench.jsonl", "codeedit": "humaneval.jsonl",
+               "chat3": "humaneval.jsonl"}
+SUITES = tuple(SUITE_FILES)
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,10 @@ def load_suite(name: str, bench_dir: Path, limit: int | None, categories: list[s
     if name == "humaneval":
         prompts = [BenchPrompt(r["task_id"], "humaneval", (humaneval_turn(r),)) for r in rows]
         return window(prompts)
+    if name in ("codeedit", "chat3"):
+        from .copy_suites import chat3_prompts, codeedit_prompts
+
+        return window(codeedit_prompts(rows) if name == "codeedit" else chat3_prompts(rows))
     per_category: dict[str, list[BenchPrompt]] = {}
     for r in rows:
         per_category.setdefault(r["category"], []).append(BenchPrompt(str(r["question_id"]), r["category"], tuple(r["turns"])))

@@ -71,6 +71,10 @@ def write_report(results: dict, out_dir: Path) -> str:
                   "Ceiling: the speedup a method would reach if decoding cost nothing, since every method runs the"
                   " same target prefill (plain decoding's total time over its prefill time).", "",
                   *category_table(results["by_category"]), ""]
+    if results.get("by_turn"):
+        lines += ["## Per turn", ""]
+        for turn, summary in results["by_turn"].items():
+            lines += [f"Turn {turn}:", "", *method_table(summary), ""]
     if results.get("acceptance_by_k"):
         lines += ["## Acceptance against the draft length K", "",
                   "alpha of the steps that drafted K tokens (number of such steps in brackets); with adaptive K the"

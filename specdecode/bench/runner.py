@@ -156,6 +156,12 @@ def acceptance_by_k(rows: list[Row]) -> dict[str, dict[int, dict]]:
     return {m: dict(sorted(v.items())) for m, v in out.items()}
 
 
+def summarise_by_turn(rows: list[Row]) -> dict[str, dict]:
+    """Multi-turn suites: later turns restate earlier answers, so each turn is summarised apart."""
+    turns = sorted({r.turn for r in rows})
+    return {str(t + 1): summarise([r for r in rows if r.turn == t]) for t in turns} if len(turns) > 1 else {}
+
+
 def summarise_by_category(rows: list[Row]) -> dict[str, dict]:
     categories = sorted({r.category for r in rows})
     return {c: summarise([r for r in rows if r.category == c]) for c in categories}
@@ -192,6 +198,7 @@ def run_bench_cli(args) -> int:
         "config": config,
         "summary": summarise(rows),
         "by_category": summarise_by_category(rows),
+        "by_turn": summarise_by_turn(rows),
         "acceptance_by_k": acceptance_by_k(rows),
         "rows": [asdict(r) for r in rows],
         "peers": None,
