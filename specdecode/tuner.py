@@ -67,7 +67,7 @@ class GenerationTuning:
             self.policy.prior_speedup = min(1.5, max(0.7, tuner.drafting_speedup[self.name]))
 
     def _stop_rule(self, chain_rule: bool, min_confidence: float) -> StopRule | None:
-        if chain_rule and len(getattr(self.drafter, "sources", ())) > 1:
+        if chain_rule and len(self.drafter.sources) > 1:
             return SourceRules(self, min_confidence)
         if chain_rule:
             return self.rule_for(self.name, min_confidence)

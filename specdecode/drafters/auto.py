@@ -46,7 +46,7 @@ class AutoDrafter(Drafter):
         draft = self.copier.propose(context, k, sampling, noise, stop_rule)
         if draft.tokens or self.model is None or (stop_rule is not None and not stop_rule.allows("draft", context)):
             return draft
-        draft = self.model.propose(context, min(k, self.model.default_max_k), sampling, noise,
+        draft = self.model.propose(context, k, sampling, noise,
                                    stop_rule.for_source("draft") if stop_rule else None)
         draft.source = "draft"
         return draft

@@ -68,6 +68,7 @@ class Drafter:
     default_max_k = 8  # the largest K an adaptive policy may pick when the caller sets none
     greedy_only = False  # token trees: verified by greedy matching only
     tokens_per_depth = 1  # block tokens per draft position (a tree adds a runner-up beside each)
+    sources: tuple[str, ...] = ()  # several for a drafter that copies or drafts from more than one source
 
     def reset(self) -> None:
         """Forget everything about the previous generation."""
