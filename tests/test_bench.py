@@ -194,3 +194,17 @@ def test_copy_suites_restate_the_humaneval_function():
     assert "has_close_elements_v2" not in edits[0].turns[0] and "separate_paren_groups_v2" in edits[1].turns[0]
     chats = load_suite("chat3", bench_dir, 3, offset=1)
     assert [len(p.turns) for p in chats] == [3, 3, 3] and chats[0].id == "HumanEval/1"
+
+
+def test_each_bench_method_remembers_only_its_own_earlier_answers(smollm2):
+    """The suffix store must not hand one method the answer another method just gave to the same prompt."""
+    from specdecode.bench.prompts import BenchPrompt
+    from specdecode.bench.runner import run_method
+    from specdecode.engine import Engine
+    from specdecode.sampling import SamplingParams
+
+    engine = Engine(smollm2, max_context=512)
+    prompt = BenchPrompt("p", "c", ("Say hello.",))
+    for method in ("auto", "suffix"):
+        run_method(engine, prompt, method, "auto", SamplingParams(), 8, None)
+    assert set(engine.suffix_store._latest) == {"bench:auto", "bench:suffix"}

@@ -39,8 +39,13 @@ class Row:
     accepted_by_k: dict[int, int] = field(default_factory=dict)  # accepted draft tokens by draft length
 
 
-def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_tokens, max_k) -> tuple[list[Row], list[list[int]]]:
-    """Answer every turn of one prompt with one method, as a chat; returns rows and token ids per turn."""
+def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_tokens, max_k,
+               namespace: str | None = None) -> tuple[list[Row], list[list[int]]]:
+    """Answer every turn of one prompt with one method, as a chat; returns rows and token ids per turn.
+
+    Each method remembers earlier requests in its own namespace (the suffix store): a method must not
+    copy the answer another method just gave to the same prompt, only what it answered before itself.
+    """
     engine.reset()
     history: list[dict] = []
     rows, outputs = [], []
@@ -48,7 +53,7 @@ def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_to
         history.append({"role": "user", "content": turn})
         result = engine.generate(
             list(history), drafter=method, k=k if method != "ar" else 0,
-            sampling=sampling, max_new_tokens=max_new_tokens, max_k=max_k,
+            sampling=sampling, max_new_tokens=max_new_tokens, max_k=max_k, namespace=namespace or f"bench:{method}",
         )
         history.append({"role": "assistant", "content": result.text})
         s = result.stats
@@ -64,7 +69,8 @@ def run_bench(engine, prompts: list[BenchPrompt], methods: list[str], k, samplin
     # Warm-up: first calls pay for page faults, kernel loading and cost calibration.
     warm = prompts[0]
     for method in methods:
-        run_method(engine, BenchPrompt("warmup", warm.category, warm.turns[:1]), method, k, sampling, 8, max_k)
+        run_method(engine, BenchPrompt("warmup", warm.category, warm.turns[:1]), method, k, sampling, 8, max_k,
+                   namespace="bench:warm-up")
     rows: list[Row] = []
     bar = tqdm(total=len(prompts) * len(methods), desc="bench", disable=not progress, file=sys.stderr)
     for index, prompt in enumerate(prompts):
