@@ -393,7 +393,10 @@ def run_server(args) -> int:
     With --replicas N > 1 the engines run as replicas on a Ray cluster (cluster.py); Ray is imported only then."""
     if args.queue_size < 1:
         raise InputError(f"--queue-size must be at least 1, got {args.queue_size}")
-    if (getattr(args, "replicas", None) or 1) > 1:
+    replicas = getattr(args, "replicas", None)
+    if replicas is not None and replicas < 1:
+        raise InputError(f"--replicas must be at least 1, got {replicas}")
+    if (replicas or 1) > 1:
         from .cluster import run_cluster_server
 
         return run_cluster_server(args)
