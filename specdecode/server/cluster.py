@@ -345,8 +345,11 @@ def build_application(settings: ClusterSettings):
 
 def deploy(settings: ClusterSettings, host: str, port: int) -> None:
     """Start Serve's HTTP proxy on host:port and the application; returns once every replica is ready."""
-    serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
-    serve.run(build_application(settings), name=APP_NAME, route_prefix="/", blocking=False)
+    from ray.serve.schema import LoggingConfig
+
+    quiet = LoggingConfig(log_level="WARNING", enable_access_log=False)  # a line per request and board post otherwise
+    serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly", logging_config=quiet)
+    serve.run(build_application(settings), name=APP_NAME, route_prefix="/", blocking=False, logging_config=quiet)
 
 
 def settings_from_args(args, model_name: str, allowed_hosts) -> ClusterSettings:
