@@ -187,7 +187,8 @@ def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it
         thread.join(timeout=300)
     assert not any(thread.is_alive() for thread in threads), "a stream hung"
     failed = [r for r in results if r["error"] is not None]
-    assert failed, "no stream was running on the killed replica"
+    # One generation runs at a time on a replica: the one running there fails; those queued there ran elsewhere.
+    assert len(failed) == 1, failed
     assert all(r["done"] for r in results)  # every stream ended properly, errors included
     assert all(r["error"]["code"] == "replica_failed" for r in failed)
     assert all(r["replica"] in (victim, None) for r in failed)  # only the victim's started streams fail
