@@ -364,8 +364,8 @@ ENGINE_FLAGS = {"model", "draft", "draft_dtype", "precision", "device", "ctx", "
 
 
 def run_cluster_server(args) -> int:
-    """Join (--ray-address) or start a Ray instance, deploy, serve until SIGINT / SIGTERM, then shut Serve down
-    (replicas finish their requests within --shutdown-grace) and exit 0."""
+    """Join (--ray-address) or start a Ray instance, deploy, serve until SIGINT / SIGTERM, then take the application
+    down (replicas finish their requests within --shutdown-grace) and exit 0. A joined cluster keeps running."""
     import ray
 
     from .app import exposure_options, served_model_name
@@ -395,7 +395,10 @@ def run_cluster_server(args) -> int:
         while not stop.wait(0.5):
             pass
         print("specdecode: shutting down (finishing running requests)", flush=True)
-        serve.shutdown()
+        if args.ray_address:
+            serve.delete(APP_NAME)  # other Serve applications on a shared cluster keep running
+        else:
+            serve.shutdown()
     finally:
         ray.shutdown()
     return 0
