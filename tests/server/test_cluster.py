@@ -157,6 +157,24 @@ def test_the_second_turn_of_a_chat_lands_on_the_replica_that_served_the_first(cl
     assert wait_until(each_replica_hit_once, timeout=10, interval=0.25), metric_by_replica(cluster, "specdecode_prefix_hits_total")
 
 
+def test_the_entry_point_answers_429_once_every_replica_queue_is_full(cluster):
+    capacity = 2 * (QUEUE + 1)  # one running and QUEUE waiting on each replica
+    extra = 12
+    gate = threading.Barrier(capacity + extra)
+
+    def one(index: int) -> httpx.Response:
+        gate.wait()
+        return httpx.post(cluster + "/v1/completions", timeout=300, json={
+            "model": MODEL, "prompt": f"Request {index}:", "max_tokens": 32, "temperature": 0})
+
+    with ThreadPoolExecutor(capacity + extra) as pool:
+        responses = list(pool.map(one, range(capacity + extra)))
+    refused = [r for r in responses if r.status_code == 429]
+    assert refused and all(r.status_code == 200 for r in responses if r.status_code != 429)
+    assert len(refused) <= extra
+    assert all(r.json()["error"]["code"] == "queue_full" and int(r.headers["retry-after"]) >= 1 for r in refused)
+
+
 def replica_pids() -> dict[str, int]:
     from ray import serve
 
