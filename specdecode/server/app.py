@@ -388,17 +388,29 @@ def exposure_options(args) -> set[str] | None:
     return allowed_hosts
 
 
+def _wants_cluster(args) -> bool:
+    replicas = getattr(args, "replicas", None)
+    if replicas is not None and replicas < 1:
+        raise InputError(f"--replicas must be at least 1, got {replicas}")
+    threads = getattr(args, "threads_per_replica", None)
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads-per-replica must be at least 1, got {threads}")
+    if (replicas or 1) == 1 and (getattr(args, "ray_address", None) or threads is not None):
+        raise InputError("--ray-address and --threads-per-replica apply with --replicas 2 or more"
+                         " (one replica is the one-process server; use --threads)")
+    return (replicas or 1) > 1
+
+
 def run_server(args) -> int:
     """`specdecode serve`: load the engine as the flags say, serve until SIGINT / SIGTERM, exit 0 on SIGTERM.
     With --replicas N > 1 the engines run as replicas on a Ray cluster (cluster.py); Ray is imported only then."""
     if args.queue_size < 1:
         raise InputError(f"--queue-size must be at least 1, got {args.queue_size}")
-    replicas = getattr(args, "replicas", None)
-    if replicas is not None and replicas < 1:
-        raise InputError(f"--replicas must be at least 1, got {replicas}")
-    if (replicas or 1) > 1:
-        from .cluster import run_cluster_server
-
+    if _wants_cluster(args):
+        try:
+            from .cluster import run_cluster_server
+        except ImportError as exc:
+            raise InputError(f"--replicas needs Ray Serve ({exc}): pip install -e '.[cluster]'") from None
         return run_cluster_server(args)
     import uvicorn
 

@@ -24,6 +24,19 @@ print("no ray")
 """
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--replicas", "0"], "--replicas must be at least 1"),
+    (["--ray-address", "auto"], "apply with --replicas 2 or more"),
+    (["--replicas", "1", "--threads-per-replica", "2"], "apply with --replicas 2 or more"),
+    (["--replicas", "2", "--threads-per-replica", "0"], "--threads-per-replica must be at least 1"),
+])
+def test_bad_replica_flags_are_refused_before_loading_anything(flags, message, capsys):
+    from specdecode.cli import main
+
+    assert main(["serve", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_one_replica_is_the_one_process_server_without_ray():
     done = subprocess.run([sys.executable, "-c", NO_RAY], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "no ray" in done.stdout, done.stdout + done.stderr
