@@ -211,6 +211,7 @@ class ClusterTicket:
             except RayActorError:  # the replica died or cannot be reached
                 if not self.started and self.attempts < RESEND_ATTEMPTS:
                     self.attempts += 1
+                    self.backend.resent += 1
                     self.stream = None
                     await asyncio.sleep(0.2 * self.attempts)  # Ray's router learns of the death meanwhile
                     continue
@@ -250,6 +251,7 @@ class ClusterBackend:
         self.max_context = info["max_context"]
         self.router = PrefixRouter(**settings.routing)  # only to cut prompts into blocks; Ray's router decides
         self.in_flight = 0
+        self.resent = 0  # requests sent again because their replica died before starting them
         self.shutting_down = False
         self._service_time = 2.0
         self._board_cache: tuple[float, dict] = (0.0, {})
@@ -294,15 +296,17 @@ class ClusterBackend:
                 "replica_states": {r: {"ready": e["ready"], **e["status"]} for r, e in sorted(entries.items())}}
 
     async def metrics_text(self, http_metrics: ServerMetrics) -> bytes:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         entries = await self.replicas(max_age_s=0)
         ready = GaugeMetricFamily("specdecode_replicas_ready", "Engine replicas ready to serve",
                                   value=sum(e["ready"] for e in entries.values()))
         in_flight = GaugeMetricFamily("specdecode_entry_in_flight", "Requests the entry point has sent to replicas",
                                       value=self.in_flight)
+        resent = CounterMetricFamily("specdecode_resent", "Requests sent to another replica after theirs died before"
+                                     " starting them", value=self.resent)
         return merge_replica_metrics(http_metrics.render(), ENTRY_FAMILIES,
-                                     {r: e["metrics"] for r, e in entries.items()}, [ready, in_flight])
+                                     {r: e["metrics"] for r, e in entries.items()}, [ready, in_flight, resent])
 
 
 class EntryPoint:

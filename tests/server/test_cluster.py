@@ -99,8 +99,9 @@ def test_errors_keep_their_shape(cluster, openai_client):
     assert rebound.status_code == 421 and rebound.json()["error"]["code"] == "host_not_allowed"
 
 
-def stream_one(base: str, body: dict) -> dict:
-    """A streamed completion: its text, finish reason, replica, and the error event if it ended with one."""
+def stream_one(base: str, body: dict, on_replica=None) -> dict:
+    """A streamed completion: its text, finish reason, replica, and the error event if it ended with one.
+    on_replica(replica) is called at the first chunk, which names the replica generating it."""
     result = {"text": "", "finish": None, "replica": None, "error": None, "done": False}
     with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True}, timeout=300) as response:
         assert response.status_code == 200, response.read()
@@ -114,6 +115,8 @@ def stream_one(base: str, body: dict) -> dict:
             if "error" in event:
                 result["error"] = event["error"]
                 continue
+            if result["replica"] is None and on_replica is not None:
+                on_replica(event["specdecode"]["replica"])
             result["replica"] = event.get("specdecode", {}).get("replica", result["replica"])
             result["text"] += event["choices"][0]["text"]
             result["finish"] = event["choices"][0]["finish_reason"] or result["finish"]
@@ -187,23 +190,28 @@ def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it
     assert len(pids) == 2
     victim, survivor = sorted(pids)
     results: list[dict] = []
-    started = threading.Event()
+    killed = threading.Event()
+    kill_lock = threading.Lock()
+
+    def kill_at_the_victims_first_chunk(replica: str) -> None:
+        # The victim has just started its first generation and holds others in its queue: both cases happen.
+        with kill_lock:
+            if replica == victim and not killed.is_set():
+                os.kill(pids[victim], signal.SIGKILL)
+                killed.set()
 
     def one(index: int) -> None:
         body = {"model": MODEL, "prompt": f"Count from {index}: {index}, {index + 1},", "max_tokens": 48,
                 "temperature": 0, "user": f"client-{index}"}
-        results.append(stream_one(cluster, body))
+        results.append(stream_one(cluster, body, on_replica=kill_at_the_victims_first_chunk))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
     for thread in threads:
         thread.start()
-    # Kill once the victim is generating (and has more queued), so both cases happen.
-    assert wait_until(lambda: httpx.get(cluster + "/health").json()["replica_states"].get(victim, {}).get("running") == 1,
-                      timeout=60, interval=0.1)
-    os.kill(pids[victim], signal.SIGKILL)
     for thread in threads:
         thread.join(timeout=300)
     assert not any(thread.is_alive() for thread in threads), "a stream hung"
+    assert killed.is_set()
     failed = [r for r in results if r["error"] is not None]
     # One generation runs at a time on a replica: the one running there fails; those queued there ran elsewhere.
     assert len(failed) == 1, failed
@@ -211,6 +219,8 @@ def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it
     assert all(r["error"]["code"] == "replica_failed" for r in failed)
     assert all(r["replica"] in (victim, None) for r in failed)  # only the victim's started streams fail
     assert all(r["replica"] == survivor and r["finish"] in ("length", "stop") for r in results if r["error"] is None)
+    resent = re.search(r"^specdecode_resent_total (\S+)$", httpx.get(cluster + "/metrics").text, re.M)
+    assert float(resent.group(1)) >= 1  # the victim's queued requests went to the survivor
     # Ray starts a new replica; once it is ready, both serve again.
     assert wait_until(lambda: httpx.get(cluster + "/health").json()["replicas_ready"] == 2, timeout=180, interval=0.5)
     assert victim not in replica_pids()
