@@ -128,7 +128,7 @@ def main() -> int:
                 print(f"bench-serve: {row}", file=sys.stderr, flush=True)
         finally:
             stop_server(proc)
-    print(f"| replicas | threads each | clients | requests | requests/min | p50 latency | p95 latency |")
+    print("| replicas | threads each | clients | requests | requests/min | p50 latency | p95 latency |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         threads = args.cores if row["replicas"] == 1 else max(1, args.cores // row["replicas"])

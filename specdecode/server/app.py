@@ -398,6 +398,8 @@ def _wants_cluster(args) -> bool:
     if (replicas or 1) == 1 and (getattr(args, "ray_address", None) or threads is not None):
         raise InputError("--ray-address and --threads-per-replica apply with --replicas 2 or more"
                          " (one replica is the one-process server; use --threads)")
+    if (replicas or 1) > 1 and getattr(args, "threads", None):
+        raise InputError("with --replicas, give each replica its threads with --threads-per-replica")
     return (replicas or 1) > 1
 
 

@@ -11,9 +11,7 @@ import os
 import re
 import signal
 import socket
-import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -44,7 +42,7 @@ def cluster():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024**2, logging_level=logging.WARNING,
              log_to_driver=False)
-    options = dict(model=MODEL, draft="none", draft_dtype="auto", precision="int8", device="cpu", ctx=1024, threads=1)
+    options = dict(model=MODEL, draft="none", draft_dtype="auto", precision="int8", device="cpu", ctx=1024)
     port = free_port()
     try:
         settings = ClusterSettings(options, MODEL, replicas=2, threads_per_replica=1, queue_size=QUEUE,

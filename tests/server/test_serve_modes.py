@@ -29,6 +29,7 @@ print("no ray")
     (["--ray-address", "auto"], "apply with --replicas 2 or more"),
     (["--replicas", "1", "--threads-per-replica", "2"], "apply with --replicas 2 or more"),
     (["--replicas", "2", "--threads-per-replica", "0"], "--threads-per-replica must be at least 1"),
+    (["--replicas", "2", "--threads", "2"], "--threads-per-replica"),
 ])
 def test_bad_replica_flags_are_refused_before_loading_anything(flags, message, capsys):
     from specdecode.cli import main
