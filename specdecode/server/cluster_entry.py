@@ -57,6 +57,10 @@ class ClusterTicket:
                     self.stream = None
                     await asyncio.sleep(0.2 * self.attempts)  # Ray's router learns of the death meanwhile
                     continue
+                try:  # an unreachable (not dead) replica would otherwise generate on for nobody
+                    self.stream.cancel()
+                except Exception:
+                    pass
                 return self._end(("error", ApiError(
                     502 if self.started else 503, "the replica running this request stopped; send it again",
                     code="replica_failed", headers={"Retry-After": "1"})))
