@@ -218,6 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
                         " 262144); each client's requests are kept apart")
     s.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds a SIGTERM waits for running and queued requests before cutting them (default 30)")
+    s.add_argument("--replicas", type=int, default=None,
+                   help="run N engine replicas on Ray Serve behind one entry point, with prefix-aware routing (needs"
+                        " the 'cluster' extra: pip install -e .[cluster]); default: one engine in this process, no Ray")
+    s.add_argument("--ray-address", default=None,
+                   help="with --replicas: join this Ray cluster ('auto' for the one `ray start` runs here); default:"
+                        " start a local Ray instance")
+    s.add_argument("--threads-per-replica", type=int, default=None,
+                   help="with --replicas: CPU threads (and Ray CPUs) per replica (default: this machine's cores / N)")
     s.set_defaults(func=cmd_serve)
     return parser
 

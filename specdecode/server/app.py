@@ -4,8 +4,9 @@ a playground page at /.
     app = create_app(engine, "draft", "smollm2-135m")      # testable: any ASGI server can run it
     specdecode serve --model smollm2-135m --draft lookup    # run_server(args): uvicorn + signal handling
 
-Requests are parsed and validated here, queued in the Scheduler (one engine, one worker), and answered
-as JSON or as server-sent events in OpenAI's chunk format. Each streamed chunk carries an extra
+Requests are parsed and validated here, handed to a backend (local.py: one engine with its Scheduler in this
+process; cluster.py: engine replicas on a Ray cluster), and answered as JSON or as server-sent events in
+OpenAI's chunk format. Each streamed chunk carries an extra
 "specdecode" field with the tokens of the step, their origin (draft / target / bonus), their text and
 the running speculation statistics; the playground colours tokens from it.
 """
@@ -30,12 +31,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..build import build_engine
-from ..drafters.registry import DRAFTERS, needs_draft_model
 from ..errors import InputError
 from .exposure import LOOPBACK, ExposureGuard, bearer_key_matches, default_allowed_hosts
+from .local import LocalBackend
 from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion, parse_json_body
-from .scheduler import Job, Scheduler, Step
+from .scheduler import Scheduler, Step
 
 log = logging.getLogger("specdecode.server")
 
@@ -112,16 +113,15 @@ class DisconnectWatch:
 class JobStreamingResponse(StreamingResponse):
     """A streamed answer that cancels its generation however the response ends (done, disconnect, error)."""
 
-    def __init__(self, content, scheduler: Scheduler, job: Job, **kwargs):
+    def __init__(self, content, ticket, **kwargs):
         super().__init__(content, **kwargs)
-        self.scheduler = scheduler
-        self.job = job
+        self.ticket = ticket
 
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.scheduler.cancel(self.job, "client_disconnected")  # no-op when the job finished
+            self.ticket.cancel("client_disconnected")  # no-op when the generation finished
 
 
 def _usage(stats: dict) -> dict:
@@ -156,30 +156,31 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
         raise InputError(f"the queue size must be at least 1, got {queue_size}")
     metrics = ServerMetrics(model_name)
     scheduler = Scheduler(engine, default_drafter, queue_size, metrics, default_max_tokens, max_k)
-    drafters = [name for name, spec in DRAFTERS.items() if engine.draft is not None or not spec.needs_draft_model]
+    app = create_http_app(LocalBackend(scheduler, warmup), model_name, metrics, api_key=api_key,
+                          allowed_hosts=allowed_hosts, cors_origins=cors_origins)
+    app.state.scheduler = scheduler
+    app.state.engine = engine
+    return app
+
+
+def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key: str | None = None,
+                    allowed_hosts: set[str] | None = None, cors_origins: list[str] = ()) -> FastAPI:
+    """The routes, errors and streaming around a generation backend (the interface is in local.py).
+    `metrics` counts this app's HTTP requests and errors (and, for a local backend, its generations)."""
     created = int(time.time())
     playground = _playground_html()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        worker = asyncio.create_task(scheduler.run(), name="specdecode-worker")
-        if warmup:
-            await scheduler.warmup()
+        await backend.start()
         try:
             yield
         finally:
-            scheduler.begin_shutdown()
-            worker.cancel()
-            try:
-                await worker
-            except asyncio.CancelledError:
-                pass
-            scheduler.close()
+            await backend.stop()
 
     app = FastAPI(title="specdecode", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
-    app.state.scheduler = scheduler
+    app.state.backend = backend
     app.state.metrics = metrics
-    app.state.engine = engine
     app.add_middleware(ExposureGuard, allowed_hosts=allowed_hosts, cors_origins=list(cors_origins), api_key=api_key)
     app.add_middleware(RequestCounter, metrics=metrics)
 
@@ -236,8 +237,8 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
 
     def model_card() -> dict:
         return {"id": model_name, "object": "model", "created": created, "owned_by": "specdecode",
-                "specdecode": {"drafters": drafters, "default_drafter": default_drafter,
-                               "max_context": engine.max_context}}
+                "specdecode": {"drafters": backend.drafters, "default_drafter": backend.default_drafter,
+                               "max_context": backend.max_context}}
 
     # ------------------------------------------------------------------ generation
     async def generate(request: Request, kind: str):
@@ -245,28 +246,26 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
         body = await read_body(request)
         gen = parse_chat(body) if kind == "chat" else parse_completion(body)
         check_model(gen.model)
-        if gen.drafter is not None and needs_draft_model(gen.drafter) and engine.draft is None:
+        if gen.drafter is not None and gen.drafter not in backend.drafters:
             raise ApiError(400, f"drafter '{gen.drafter}' needs a draft model; this server has none (try 'lookup')",
                            param="speculative.drafter", code="drafter_unavailable")
         client = request.client.host if request.client else "?"
-        job = Job(gen, user_key=gen.user or client, namespace=request_namespace(request, client, gen.user))
-        job.prompt_ids = await scheduler.tokenize(gen)
-        scheduler.submit(job)
+        ticket = await backend.submit(gen, gen.user or client, request_namespace(request, client, gen.user))
         watch = DisconnectWatch(request)
         try:
-            first = await watch.wait(job.events.get())  # waits in the queue, then for the tokenizer and checks
+            first = await watch.wait(ticket.next())  # waits in the queue, then for the tokenizer and checks
             if first[0] == "error":
                 raise first[1]
             if gen.stream:
                 watch.close()  # from here the streaming response watches the connection itself
-                return JobStreamingResponse(stream_chunks(job, gen), scheduler, job, media_type="text/event-stream",
+                return JobStreamingResponse(stream_chunks(ticket, gen), ticket, media_type="text/event-stream",
                                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            return await collect(job, gen, watch)
+            return await collect(ticket, gen, watch)
         except ClientGone:
-            scheduler.cancel(job, "client_disconnected")
+            ticket.cancel("client_disconnected")
             return Response(status_code=499)  # nobody reads it; logs and metrics do
         except BaseException:  # an error answer, or this task cancelled: the job must not run on for nobody
-            scheduler.cancel(job, "aborted")
+            ticket.cancel("aborted")
             raise
         finally:
             watch.close()
@@ -275,10 +274,10 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
         return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, \
             "chat.completion" if kind == "chat" else "text_completion"
 
-    async def collect(job: Job, gen: GenerationRequest, watch: DisconnectWatch):
+    async def collect(ticket, gen: GenerationRequest, watch: DisconnectWatch):
         text, tokens, origins = [], [], []
         while True:
-            message = await watch.wait(job.events.get())
+            message = await watch.wait(ticket.next())
             if message[0] == "error":
                 raise message[1]
             step: Step = message[1]
@@ -294,12 +293,13 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
                       "finish_reason": step.finish_reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": step.finish_reason}
-        stats = step.final_stats.to_dict()
+        extension = {"tokens": tokens, "origins": origins, "stats": step.final_stats.to_dict()}
+        if step.replica is not None:
+            extension["replica"] = step.replica
         return {"id": response_id, "object": obj, "created": int(time.time()), "model": model_name,
-                "choices": [choice], "usage": _usage(step.stats), "system_fingerprint": None,
-                "specdecode": {"tokens": tokens, "origins": origins, "stats": stats}}
+                "choices": [choice], "usage": _usage(step.stats), "system_fingerprint": None, "specdecode": extension}
 
-    async def stream_chunks(job: Job, gen: GenerationRequest):
+    async def stream_chunks(ticket, gen: GenerationRequest):
         response_id, _ = ids(gen.kind)
         obj = "chat.completion.chunk" if gen.kind == "chat" else "text_completion"
         created_at = int(time.time())
@@ -319,7 +319,7 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
         if gen.kind == "chat":
             yield _sse(chunk(None, role=True))
         while True:
-            message = await job.events.get()
+            message = await ticket.next()
             if message[0] == "error":  # after the headers went out: report in the stream, as OpenAI does
                 yield _sse(message[1].body())
                 break
@@ -328,6 +328,8 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
                 continue
             extra = {"specdecode": {"tokens": step.tokens, "origins": step.origins, "pieces": step.pieces,
                                     "stats": step.stats}}
+            if step.replica is not None:
+                extra["specdecode"]["replica"] = step.replica
             if step.finished:
                 extra["usage"] = _usage(step.stats)
             yield _sse(chunk(step.text if step.text or not step.finished else None,
@@ -363,13 +365,15 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
 
     @app.get("/health")
     async def health():
-        return {"status": "shutting_down" if scheduler.shutting_down else "ok", "model": model_name,
-                "drafters": drafters, "default_drafter": default_drafter, "max_context": engine.max_context,
-                "auth": bool(api_key), **scheduler.status()}
+        state = await backend.health()
+        body = {"status": state.pop("status"), "model": model_name, "drafters": backend.drafters,
+                "default_drafter": backend.default_drafter, "max_context": backend.max_context,
+                "auth": bool(api_key), **state}
+        return JSONResponse(body, status_code=503 if body["status"] == "unavailable" else 200)
 
     @app.get("/metrics")
     async def prometheus_metrics():
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await backend.metrics_text(metrics), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/", response_class=HTMLResponse)
     async def index():
@@ -378,20 +382,52 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
     return app
 
 
-def run_server(args) -> int:
-    """`specdecode serve`: load the engine as the flags say, serve until SIGINT / SIGTERM, exit 0 on SIGTERM."""
-    import uvicorn
+def served_model_name(args) -> str:
+    return os.path.basename(str(args.model).rstrip("/")) if os.path.exists(str(args.model)) else args.model
 
-    if args.queue_size < 1:
-        raise InputError(f"--queue-size must be at least 1, got {args.queue_size}")
-    engine, drafter = build_engine(args)
-    model_name = os.path.basename(str(args.model).rstrip("/")) if os.path.exists(str(args.model)) else args.model
+
+def exposure_options(args) -> set[str] | None:
+    """The Host names to answer (None: any), after warning about a keyless server others can reach."""
     allowed_hosts = default_allowed_hosts(args.host)
     if args.allowed_hosts:
         allowed_hosts = (allowed_hosts or set()) | {h.strip() for h in args.allowed_hosts.split(",") if h.strip()} | {args.host}
     if args.host.strip("[]").lower() not in LOOPBACK and not args.api_key:
         print(f"specdecode: warning: serving on {args.host} without an API key: anyone who can reach this address can"
               " use the model (set SPECDECODE_API_KEY or --api-key)", file=sys.stderr, flush=True)
+    return allowed_hosts
+
+
+def _wants_cluster(args) -> bool:
+    replicas = getattr(args, "replicas", None)
+    if replicas is not None and replicas < 1:
+        raise InputError(f"--replicas must be at least 1, got {replicas}")
+    threads = getattr(args, "threads_per_replica", None)
+    if threads is not None and threads < 1:
+        raise InputError(f"--threads-per-replica must be at least 1, got {threads}")
+    if (replicas or 1) == 1 and (getattr(args, "ray_address", None) or threads is not None):
+        raise InputError("--ray-address and --threads-per-replica apply with --replicas 2 or more"
+                         " (one replica is the one-process server; use --threads)")
+    if (replicas or 1) > 1 and getattr(args, "threads", None):
+        raise InputError("with --replicas, give each replica its threads with --threads-per-replica")
+    return (replicas or 1) > 1
+
+
+def run_server(args) -> int:
+    """`specdecode serve`: load the engine as the flags say, serve until SIGINT / SIGTERM, exit 0 on SIGTERM.
+    With --replicas N > 1 the engines run as replicas on a Ray cluster (cluster.py); Ray is imported only then."""
+    if args.queue_size < 1:
+        raise InputError(f"--queue-size must be at least 1, got {args.queue_size}")
+    if _wants_cluster(args):
+        try:
+            from .cluster import run_cluster_server
+        except ImportError as exc:
+            raise InputError(f"--replicas needs Ray Serve ({exc}): pip install -e '.[cluster]'") from None
+        return run_cluster_server(args)
+    import uvicorn
+
+    engine, drafter = build_engine(args)
+    model_name = served_model_name(args)
+    allowed_hosts = exposure_options(args)
     app = create_app(engine, drafter, model_name, api_key=args.api_key, queue_size=args.queue_size, warmup=True,
                      allowed_hosts=allowed_hosts, cors_origins=args.cors_origin or [])
     scheduler: Scheduler = app.state.scheduler

@@ -6,6 +6,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from ..stats import GenerationStats
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60)
+# A prompt that found at least this many of its tokens in the engine's cache counts as a prefix hit: more
+# than a chat template's fixed header, which every chat prompt shares.
+PREFIX_HIT_MIN_TOKENS = 32
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
 
 
@@ -40,6 +43,11 @@ class ServerMetrics:
         self.decode_speed = Histogram("specdecode_decode_tokens_per_second",
                                       "Generated tokens per second of decoding (prompt prefill left out), per generation",
                                       ["drafter"], buckets=(1, 2, 5, 10, 15, 20, 30, 40, 60, 80, 120, 200, 400), registry=r)
+        self.prefix_hits = Counter("specdecode_prefix_hits",
+                                   f"Requests that found at least {PREFIX_HIT_MIN_TOKENS} prompt tokens in the engine's cache",
+                                   registry=r)
+        self.prefix_reused_tokens = Counter("specdecode_prefix_reused_tokens",
+                                            "Prompt tokens whose keys and values came from the engine's cache", registry=r)
         self.queue_depth = Gauge("specdecode_queue_depth", "Requests waiting for the engine", registry=r)
         self.running = Gauge("specdecode_requests_running", "Requests being generated (0 or 1)", registry=r)
         info = Gauge("specdecode_model_info", "The served model", ["model"], registry=r)
@@ -65,5 +73,48 @@ class ServerMetrics:
         if passes:
             self.tokens_per_pass.labels(drafter).set(decoded / passes)
 
+    def record_prefix_reuse(self, reused_tokens: int) -> None:
+        self.prefix_reused_tokens.inc(reused_tokens)
+        if reused_tokens >= PREFIX_HIT_MIN_TOKENS:
+            self.prefix_hits.inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Families:
+    """A collector that hands out ready-made metric families (merged from other processes' exposition text)."""
+
+    def __init__(self, families):
+        self.families = list(families)
+
+    def collect(self):
+        return self.families
+
+
+def merge_replica_metrics(entry_text: bytes, entry_families: set[str], replica_texts: dict[str, bytes],
+                          extra_families=()) -> bytes:
+    """One Prometheus page from an entry point's own families (HTTP requests, errors) and every replica's
+    page, each replica's samples labelled replica="<id>"; families of the same name are merged."""
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.parser import text_string_to_metric_families
+
+    merged: dict[str, Metric] = {}
+
+    def add(text: bytes, keep, replica: str | None) -> None:
+        for family in text_string_to_metric_families(text.decode("utf-8")):
+            if not keep(family.name):
+                continue
+            target = merged.get(family.name)
+            if target is None:
+                target = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labels = dict(sample.labels) if replica is None else {**sample.labels, "replica": replica}
+                target.samples.append(sample._replace(labels=labels))
+
+    add(entry_text, lambda name: name in entry_families, None)
+    for replica, text in sorted(replica_texts.items()):
+        add(text, lambda name: name not in entry_families, replica)
+    registry = CollectorRegistry()
+    registry.register(_Families([*merged.values(), *extra_families]))
+    return generate_latest(registry)

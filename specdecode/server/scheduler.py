@@ -16,6 +16,7 @@ from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ..drafters.draft_model import common_prefix_len
 from ..errors import InputError, SpecDecodeError
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
@@ -117,6 +118,7 @@ class Step:
     finished: bool
     finish_reason: str | None
     final_stats: object = None  # the engine's GenerationStats, on the last step only
+    replica: str | None = None  # which engine replica ran it (a cluster's entry point fills it in)
 
 
 class Scheduler:
@@ -261,6 +263,8 @@ class Scheduler:
                            f" {len(prompt_ids) + max_tokens} ({len(prompt_ids)} in the prompt, {max_tokens} to"
                            " generate); lower max_tokens or shorten the prompt",
                            param="max_tokens", code="context_length_exceeded")
+        # What the engine's prefill will reuse (it reads its cache lazily, on the first step).
+        self.metrics.record_prefix_reuse(common_prefix_len(getattr(engine, "cached_ids", []), prompt_ids[:-1]))
         sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
         drafter = request.drafter or self.default_drafter
         stream = engine.stream(

@@ -166,3 +166,18 @@ def test_suffix_drafts_come_from_the_same_clients_earlier_requests_only(client, 
     stranger = ask("bob-suffix")
     assert again >= 16 > first  # copied from alice's first answer
     assert stranger == first  # bob starts from nothing, as alice did
+
+
+def test_a_continued_prompt_counts_as_a_prefix_hit(client, live_server):
+    def counter(name: str) -> float:
+        line = [l for l in httpx.get(live_server.base_url + "/metrics").text.splitlines() if l.startswith(name + " ")]
+        return float(line[0].split()[1]) if line else 0.0
+
+    story = "Once upon a time, in a small village by the sea, there lived an old fisherman and his three daughters. " * 2
+    client.completions.create(model=MODEL, prompt=story, max_tokens=2, **GREEDY)
+    hits, reused = counter("specdecode_prefix_hits_total"), counter("specdecode_prefix_reused_tokens_total")
+    client.completions.create(model=MODEL, prompt=story + "The eldest daughter", max_tokens=2, **GREEDY)
+    assert counter("specdecode_prefix_hits_total") == hits + 1
+    assert counter("specdecode_prefix_reused_tokens_total") - reused >= 40
+    client.completions.create(model=MODEL, prompt="A different start altogether, " + story, max_tokens=2, **GREEDY)
+    assert counter("specdecode_prefix_hits_total") == hits + 1

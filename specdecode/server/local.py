@@ -1,0 +1,78 @@
+"""The generation backend of one process: one engine, its Scheduler (bounded fair queue, one worker thread).
+
+The HTTP layer (app.py) talks to a backend through a small interface, so the same routes, errors and
+streaming serve one engine here or many replicas on a Ray cluster (cluster.py):
+
+    backend.drafters, backend.default_drafter, backend.max_context
+    await backend.start() / await backend.stop()          # the app's lifespan
+    ticket = await backend.submit(request, user_key, namespace)  # raises ApiError: 400, 429 (queue full), 503
+    await ticket.next()   # ("start", prompt_tokens) | ("step", Step) | ("error", ApiError); a Step ends with finished
+    ticket.cancel(reason)                                  # no-op once the generation finished
+    await backend.health() -> dict, await backend.metrics_text(http_metrics) -> bytes
+"""
+from __future__ import annotations
+
+import asyncio
+
+from ..drafters.registry import DRAFTERS
+from .metrics import ServerMetrics
+from .protocol import GenerationRequest
+from .scheduler import Job, Scheduler
+
+def offered_drafters(has_draft_model: bool) -> list[str]:
+    """Every drafter by name, less those that need a draft model where the engine has none."""
+    return [name for name, spec in DRAFTERS.items() if has_draft_model or not spec.needs_draft_model]
+
+
+class LocalTicket:
+    def __init__(self, scheduler: Scheduler, job: Job):
+        self.scheduler = scheduler
+        self.job = job
+
+    def next(self):
+        return self.job.events.get()
+
+    def cancel(self, reason: str) -> None:
+        self.scheduler.cancel(self.job, reason)
+
+
+class LocalBackend:
+    def __init__(self, scheduler: Scheduler, warmup: bool = False):
+        self.scheduler = scheduler
+        self.warmup = warmup
+        self.drafters = offered_drafters(scheduler.engine.draft is not None)
+        self.default_drafter = scheduler.default_drafter
+        self.max_context = scheduler.engine.max_context
+        self._worker: asyncio.Task | None = None
+
+    @property
+    def shutting_down(self) -> bool:
+        return self.scheduler.shutting_down
+
+    async def start(self) -> None:
+        self._worker = asyncio.create_task(self.scheduler.run(), name="specdecode-worker")
+        if self.warmup:
+            await self.scheduler.warmup()
+
+    async def stop(self) -> None:
+        self.scheduler.begin_shutdown()
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+        self.scheduler.close()
+
+    async def submit(self, request: GenerationRequest, user_key: str, namespace: str = "") -> LocalTicket:
+        """user_key: whose lane of the fair queue; namespace: whose earlier text drafts may copy (suffix store)."""
+        job = Job(request, user_key=user_key, namespace=namespace)
+        job.prompt_ids = await self.scheduler.tokenize(request)
+        self.scheduler.submit(job)
+        return LocalTicket(self.scheduler, job)
+
+    async def health(self) -> dict:
+        return {"status": "shutting_down" if self.shutting_down else "ok", **self.scheduler.status()}
+
+    async def metrics_text(self, http_metrics: ServerMetrics) -> bytes:
+        return http_metrics.render()

@@ -1,0 +1,227 @@
+"""`serve --replicas`: two smollm2 engine replicas on a real local Ray cluster, behind one entry point.
+
+One cluster for the module (starting one costs the replicas' model loads and warm-ups); tests run in file
+order and the replica-killing test goes last. Each replica gets one thread: two cores, two replicas.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from .conftest import MODEL, wait_until
+
+ray = pytest.importorskip("ray", reason="the 'cluster' extra (ray[serve]) is not installed")
+
+QUEUE = 16
+LONG_SYSTEM = ("You are a patient teacher of programming. You answer questions about Python with short, correct"
+               " examples, and you explain every step of the code you show in plain words. ")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray import serve
+
+    from specdecode.server.cluster import ClusterSettings, deploy
+    from specdecode.server.exposure import default_allowed_hosts
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024**2, logging_level=logging.WARNING,
+             log_to_driver=False)
+    options = dict(model=MODEL, draft="none", draft_dtype="auto", precision="int8", device="cpu", ctx=1024)
+    port = free_port()
+    try:
+        settings = ClusterSettings(options, MODEL, replicas=2, threads_per_replica=1, queue_size=QUEUE,
+                                   allowed_hosts=default_allowed_hosts("127.0.0.1"))
+        deploy(settings, "127.0.0.1", port)
+        base = f"http://127.0.0.1:{port}"
+        assert wait_until(lambda: httpx.get(base + "/health").json()["replicas_ready"] == 2, timeout=60)
+        yield base
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture
+def openai_client(cluster):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=cluster + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def metric_by_replica(base: str, name: str) -> dict[str, float]:
+    text = httpx.get(base + "/metrics").text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(rf'^{name}\{{replica="([^"]+)"\}} (\S+)$', text, re.M)}
+
+
+def test_health_counts_the_ready_replicas(cluster):
+    health = httpx.get(cluster + "/health").json()
+    assert health["status"] == "ok" and health["model"] == MODEL
+    assert health["replicas"] == 2 and health["replicas_ready"] == 2 and len(health["replica_states"]) == 2
+
+
+def test_greedy_text_equals_the_one_process_server(openai_client, client):
+    prompts = ["def fibonacci(n):", "The capital of France is", "1, 2, 3, 4,"]
+    for prompt in prompts:
+        one = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
+        two = openai_client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
+        assert two.choices[0].text == one.choices[0].text
+    messages = [{"role": "user", "content": "Name three colours."}]
+    one = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+    two = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+    assert two.choices[0].message.content == one.choices[0].message.content
+
+
+def test_errors_keep_their_shape(cluster, openai_client):
+    response = httpx.post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "x", "temperature": 9})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "temperature"
+    response = httpx.post(cluster + "/v1/completions", content=b"{", headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+    too_long = httpx.post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "word " * 1500, "max_tokens": 1})
+    assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
+    assert httpx.get(cluster + "/nowhere").json()["error"]["code"] == "not_found"
+    rebound = httpx.post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "x"}, headers={"host": "evil.example"})
+    assert rebound.status_code == 421 and rebound.json()["error"]["code"] == "host_not_allowed"
+
+
+def stream_one(base: str, body: dict, on_replica=None) -> dict:
+    """A streamed completion: its text, finish reason, replica, and the error event if it ended with one.
+    on_replica(replica) is called at the first chunk, which names the replica generating it."""
+    result = {"text": "", "finish": None, "replica": None, "error": None, "done": False}
+    with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True}, timeout=300) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                result["done"] = True
+                break
+            event = json.loads(line[len("data: "):])
+            if "error" in event:
+                result["error"] = event["error"]
+                continue
+            if result["replica"] is None and on_replica is not None:
+                on_replica(event["specdecode"]["replica"])
+            result["replica"] = event.get("specdecode", {}).get("replica", result["replica"])
+            result["text"] += event["choices"][0]["text"]
+            result["finish"] = event["choices"][0]["finish_reason"] or result["finish"]
+    return result
+
+
+def test_32_concurrent_streaming_clients_complete_without_errors(cluster):
+    gate = threading.Barrier(32)
+
+    def one(index: int) -> dict:
+        gate.wait()
+        return stream_one(cluster, {"model": MODEL, "prompt": f"Item {index}: the number {index} squared is",
+                                    "max_tokens": 6, "temperature": 0})
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(32)))
+    assert all(r["done"] and r["error"] is None and r["finish"] in ("length", "stop") for r in results), results
+    assert {r["replica"] for r in results} == set(httpx.get(cluster + "/health").json()["replica_states"])
+
+
+def test_the_second_turn_of_a_chat_lands_on_the_replica_that_served_the_first(cluster, openai_client):
+    hits_before = metric_by_replica(cluster, "specdecode_prefix_hits_total")
+    conversations = [[{"role": "system", "content": f"Session {n}. " + LONG_SYSTEM},
+                      {"role": "user", "content": question}]
+                     for n, question in enumerate(["What does len() return?", "How do I reverse a list?"])]
+    first_replicas = []
+    for messages in conversations:
+        answer = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+        first_replicas.append(answer.model_extra["specdecode"]["replica"])
+        messages += [{"role": "assistant", "content": answer.choices[0].message.content},
+                     {"role": "user", "content": "Show it in one line."}]
+    assert len(set(first_replicas)) == 2  # an unrelated conversation goes to the idle replica, keeping the first's cache
+    for messages, replica in zip(conversations, first_replicas):
+        answer = openai_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+        assert answer.model_extra["specdecode"]["replica"] == replica
+
+    def each_replica_hit_once() -> bool:
+        hits = metric_by_replica(cluster, "specdecode_prefix_hits_total")
+        return all(hits.get(r, 0) - hits_before.get(r, 0) == 1 for r in first_replicas)
+
+    assert wait_until(each_replica_hit_once, timeout=10, interval=0.25), metric_by_replica(cluster, "specdecode_prefix_hits_total")
+
+
+def test_the_entry_point_answers_429_once_every_replica_queue_is_full(cluster):
+    capacity = 2 * (QUEUE + 1)  # one running and QUEUE waiting on each replica
+    extra = 12
+    gate = threading.Barrier(capacity + extra)
+
+    def one(index: int) -> httpx.Response:
+        gate.wait()
+        return httpx.post(cluster + "/v1/completions", timeout=300, json={
+            "model": MODEL, "prompt": f"Request {index}:", "max_tokens": 32, "temperature": 0})
+
+    with ThreadPoolExecutor(capacity + extra) as pool:
+        responses = list(pool.map(one, range(capacity + extra)))
+    refused = [r for r in responses if r.status_code == 429]
+    assert refused and all(r.status_code == 200 for r in responses if r.status_code != 429)
+    assert len(refused) <= extra
+    assert all(r.json()["error"]["code"] == "queue_full" and int(r.headers["retry-after"]) >= 1 for r in refused)
+
+
+def replica_pids() -> dict[str, int]:
+    from ray import serve
+
+    board = serve.get_deployment_handle("ReplicaBoard", app_name="specdecode")
+    return {replica: entry["pid"] for replica, entry in board.read.remote().result().items() if entry["ready"]}
+
+
+def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it(cluster):
+    pids = replica_pids()
+    assert len(pids) == 2
+    victim, survivor = sorted(pids)
+    results: list[dict] = []
+    killed = threading.Event()
+    kill_lock = threading.Lock()
+
+    def kill_at_the_victims_first_chunk(replica: str) -> None:
+        # The victim has just started its first generation and holds others in its queue: both cases happen.
+        with kill_lock:
+            if replica == victim and not killed.is_set():
+                os.kill(pids[victim], signal.SIGKILL)
+                killed.set()
+
+    def one(index: int) -> None:
+        body = {"model": MODEL, "prompt": f"Count from {index}: {index}, {index + 1},", "max_tokens": 48,
+                "temperature": 0, "user": f"client-{index}"}
+        results.append(stream_one(cluster, body, on_replica=kill_at_the_victims_first_chunk))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not any(thread.is_alive() for thread in threads), "a stream hung"
+    assert killed.is_set()
+    failed = [r for r in results if r["error"] is not None]
+    # One generation runs at a time on a replica: the one running there fails; those queued there ran elsewhere.
+    assert len(failed) == 1, failed
+    assert all(r["done"] for r in results)  # every stream ended properly, errors included
+    assert all(r["error"]["code"] == "replica_failed" for r in failed)
+    assert all(r["replica"] in (victim, None) for r in failed)  # only the victim's started streams fail
+    assert all(r["replica"] == survivor and r["finish"] in ("length", "stop") for r in results if r["error"] is None)
+    resent = re.search(r"^specdecode_resent_total (\S+)$", httpx.get(cluster + "/metrics").text, re.M)
+    assert float(resent.group(1)) >= 1  # the victim's queued requests went to the survivor
+    # Ray starts a new replica; once it is ready, both serve again.
+    assert wait_until(lambda: httpx.get(cluster + "/health").json()["replicas_ready"] == 2, timeout=180, interval=0.5)
+    assert victim not in replica_pids()
+    later = [stream_one(cluster, {"model": MODEL, "prompt": f"Later {i}:", "max_tokens": 4, "temperature": 0})
+             for i in range(4)]
+    assert all(r["error"] is None and r["done"] for r in later)
