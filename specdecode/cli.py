@@ -214,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--queue-size", type=int, default=16,
                    help="requests that may wait while one generates (default 16); beyond it 429 with Retry-After")
     s.add_argument("--suffix-store-tokens", type=int, default=262_144,
-                   help="tokens of earlier requests the 'suffix' drafter keeps to copy from, per server (default"
-                        " 262144); each client's requests are kept apart")
+                   help="tokens of earlier requests the 'auto' and 'suffix' drafters keep to copy from, per engine"
+                        " (default 262144); each client's requests are kept apart")
     s.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds a SIGTERM waits for running and queued requests before cutting them (default 30)")
     s.add_argument("--replicas", type=int, default=None,
