@@ -184,16 +184,19 @@ def test_peer_summary_gives_ratios_to_specdecode_plain_and_to_each_systems_own_p
     assert summary["llama.cpp"]["vs_specdecode_plain"] == pytest.approx(4.0)  # kept from an earlier run
 
 
-def test_copy_suites_restate_the_humaneval_function():
-    from specdecode.bench.prompts import find_bench_dir, load_suite
+def test_copy_suites_restate_the_humaneval_function(tmp_path):
+    from specdecode.bench.prompts import load_suite
 
-    bench_dir = find_bench_dir()
-    edits = load_suite("codeedit", bench_dir, 4)
+    (tmp_path / "humaneval.jsonl").write_text("\n".join(json.dumps(
+        {"task_id": f"HumanEval/{i}", "entry_point": f"f{i}", "prompt": f"def f{i}(x):\n    \"\"\"Plus {i}.\"\"\"\n",
+         "canonical_solution": f"    return x + {i}\n"}) for i in range(5)))
+    edits = load_suite("codeedit", tmp_path, 4)
     assert [p.category for p in edits] == ["codeedit"] * 4 and all(len(p.turns) == 1 for p in edits)
-    assert "for idx, elem in enumerate(numbers):" in edits[0].turns[0]  # the solution is in the prompt
-    assert "has_close_elements_v2" not in edits[0].turns[0] and "separate_paren_groups_v2" in edits[1].turns[0]
-    chats = load_suite("chat3", bench_dir, 3, offset=1)
+    assert "return x + 0" in edits[0].turns[0]  # the solution is in the prompt
+    assert "f0_v2" not in edits[0].turns[0] and "f1_v2" in edits[1].turns[0]  # the edits rotate
+    chats = load_suite("chat3", tmp_path, 3, offset=1)
     assert [len(p.turns) for p in chats] == [3, 3, 3] and chats[0].id == "HumanEval/1"
+    assert "return x" not in chats[0].turns[0]  # the model writes the function in turn 1
 
 
 def test_each_bench_method_remembers_only_its_own_earlier_answers(smollm2):
