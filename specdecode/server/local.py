@@ -14,15 +14,10 @@ from __future__ import annotations
 
 import asyncio
 
-from ..drafters.registry import DRAFTERS
+from ..drafters.registry import available_drafters
 from .metrics import ServerMetrics
 from .protocol import GenerationRequest
 from .scheduler import Job, Scheduler
-
-def offered_drafters(has_draft_model: bool) -> list[str]:
-    """Every drafter by name, less those that need a draft model where the engine has none."""
-    return [name for name, spec in DRAFTERS.items() if has_draft_model or not spec.needs_draft_model]
-
 
 class LocalTicket:
     def __init__(self, scheduler: Scheduler, job: Job):
@@ -40,7 +35,7 @@ class LocalBackend:
     def __init__(self, scheduler: Scheduler, warmup: bool = False):
         self.scheduler = scheduler
         self.warmup = warmup
-        self.drafters = offered_drafters(scheduler.engine.draft is not None)
+        self.drafters = available_drafters(scheduler.engine.draft is not None)
         self.default_drafter = scheduler.default_drafter
         self.max_context = scheduler.engine.max_context
         self._worker: asyncio.Task | None = None

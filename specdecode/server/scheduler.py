@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..drafters.draft_model import common_prefix_len
+from ..drafters.registry import available_drafters
 from ..errors import InputError, SpecDecodeError
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
@@ -171,12 +172,14 @@ class Scheduler:
     async def warmup(self) -> None:
         """Measure the costs the adaptive K needs for every drafter this server offers, before it reports
         ready, so no request pays for them (the first request would otherwise wait for the timing passes)."""
-        names = ["auto", "lookup"] + (["draft"] if self.engine.draft is not None else [])
+        engine = self.engine
         loop = asyncio.get_running_loop()
-        for name in names:
+        for name in available_drafters(engine.draft is not None):
             try:
-                drafter = self.engine.drafter(name)
-                await loop.run_in_executor(self.executor, self.engine.measure_costs, self.max_k, drafter)
+                drafter = engine.drafter(name)
+                # Drafters sharing a draft length and a model share their costs: time each set once.
+                if engine.tuner.needs_costs(drafter, None, engine.resolve_max_k(self.max_k, drafter)):
+                    await loop.run_in_executor(self.executor, engine.measure_costs, self.max_k, drafter)
             except Exception:  # a warm-up failure must not keep the server down; requests calibrate lazily
                 log.exception("warm-up calibration of %s failed", name)
 
