@@ -166,7 +166,9 @@ def test_int8_target_speculative_equals_its_autoregressive(arch, kind, k):
         pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
     assert isinstance(int8_models(arch)[0].layers[0].qkv, kernels.QuantWeight)
     result = check_identity(arch, kind, k, precision="int8")
-    assert result.stats.drafted > 0
+    # With K auto, a weak draft may rightly not be worth a single token: whether its first proposal passes
+    # the stop rule depends on measured timings. Every other case must have drafted.
+    assert result.stats.drafted > 0 or (kind == "weak" and k == "auto")
     if kind == "strong":  # accepted runs, not only rejections, went through the verify path
         assert result.stats.accepted > 0
 
