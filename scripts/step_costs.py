@@ -4,7 +4,7 @@
 Loads the target (and the draft), fills the cache with a 400-token context, then times forward passes of
 1, 2, 5, 9 and 16 tokens, interleaved, and reports medians and each size's cost in single steps. With
 llama.cpp's binaries present (scripts/build_llamacpp.sh), llama-bench measures tg and pp5/pp9/pp16 of the
-same GGUF file in the same run, at the same thread count.
+same GGUF file in the same run, at the same thread count and the same context depth (-d).
 
     .venv/bin/python scripts/step_costs.py [--precision int8] [--repeats 15] [--llamacpp-bin DIR]
 """
@@ -57,8 +57,9 @@ def main() -> None:
     ll = {}
     folder, why = find_llamacpp_bin(args.llamacpp_bin)
     if folder:
+        # -d: the same context depth as ours, so both sides pay the same attention over it
         cmd = [str(folder / "llama-bench"), "-m", str(registry.resolve(args.model)), "-t", str(threads),
-               "-p", ",".join(str(s) for s in SIZES[2:]), "-n", "64", "-o", "json"]
+               "-p", ",".join(str(s) for s in SIZES[2:]), "-n", "64", "-d", str(len(context)), "-o", "json"]
         bench = parse_llama_bench(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
         ll[1] = 1.0 / bench["tg"]["tokens_per_s"]
         for size, entry in bench["pp"].items():

@@ -15,6 +15,7 @@ from .dispatch import (
     block_attention,
     int8_attn_in,
     int8_attn_out,
+    int8_layer,
     linear,
 )
 from .native import KERNEL_CFLAGS, KERNEL_HEADERS, KERNEL_SOURCES, kernel_build_dir, kernel_status, load_kernel

@@ -40,6 +40,24 @@ def int8_attn_out(x: torch.Tensor, attn: torch.Tensor, out_proj: QuantWeight, no
                                  down.parts, down.types, QUANT_ISA)
 
 
+# Off: an int8 layer runs as its three calls (int8_attn_in, block_attention, int8_attn_out) with the cache
+# written in between by PyTorch: the same bits, for the test that says so.
+FUSED_LAYER = True
+
+
+def int8_layer(x: torch.Tensor, layer, keys: torch.Tensor, values: torch.Tensor, start: int, cos, sin,
+               visible: torch.Tensor | None, config) -> torch.Tensor:
+    """A whole int8 decoder layer in one call: int8_attn_in, the block's keys and values written to this
+    layer's cache ([Hkv, max_len, D]) at start.., block attention (row-exact; `visible` for a token tree),
+    int8_attn_out. The same operations as the three calls, without the PyTorch dispatch between them."""
+    c = config
+    return native._kernel.int8_layer(
+        x.contiguous(), layer.attn_norm, c.rms_norm_eps, layer.qkv.parts, layer.qkv.types, layer.qkv_bias,
+        cos.contiguous(), sin.contiguous(), c.n_heads, c.n_kv_heads, c.head_dim, keys, values, start, visible,
+        layer.out_proj.parts, layer.out_proj.types, layer.mlp_norm, layer.gate_up.parts, layer.gate_up.types,
+        layer.down.parts, layer.down.types, QUANT_ISA)
+
+
 # Off: GGUFWeight products use their float32 copy (identical outputs; for timing the two paths in one process).
 READ_GGUF_BLOCKS = True
 

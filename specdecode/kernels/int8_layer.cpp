@@ -1,10 +1,11 @@
-// The int8 target's decoder layer around its attention, in two calls instead of ~40 PyTorch operations.
+// The int8 target's decoder layer in one call instead of ~40 PyTorch operations.
 //
-// A decode step of a 1.5B model spends little in any one of RMSNorm, bias, rotary embedding, SiLU or
-// the residual adds, but 28 layers of them as separate PyTorch operations cost several milliseconds
-// of dispatch per step, a sizeable share once the matmuls run at memory speed. Here they run as plain
-// loops over each row:
+// A decode step of a 1.5B model spends little in any one of RMSNorm, bias, rotary embedding, SiLU, the
+// residual adds or the cache writes, but 28 layers of them as separate PyTorch operations cost several
+// milliseconds of dispatch per step, a sizeable share once the matmuls run at memory speed. Here they
+// run as plain loops over each row:
 //   attn_in:  h = rmsnorm(x) * w;  qkv = h @ Wqkv.T (+ bias);  rotate q and k          -> [T, q+2kv]
+//   layer:    attn_in; write k, v to the cache; attention (block_attention.cpp); attn_out
 //   attn_out: x += attn @ Wo.T;  h = rmsnorm(x) * w;  x += (silu(gate) * up) @ Wdown.T  -> [T, hidden]
 // Every operation reads one row and writes that row, in a fixed order, so a row's result is the
 // same in a decode step, a verify block or a prompt of any length: speculative output stays exactly
@@ -19,6 +20,8 @@
 
 torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types,
                                std::string isa, int64_t perturb_row);  // quant_dot.cpp
+torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start,
+                                  c10::optional<torch::Tensor> visible);  // block_attention.cpp
 
 namespace {
 
@@ -134,4 +137,37 @@ torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<tor
     silu_mul(gu.data_ptr<float>() + t * 2 * inter, gu.data_ptr<float>() + t * 2 * inter + inter, inter,
              act.data_ptr<float>() + t * inter);
   return linear_rows(act, down_parts, down_types, isa).add_(y);
+}
+
+// A whole layer: x [T, hidden] at cache positions start..start+T-1. keys, values: this layer's cache,
+// [kv_heads, max_len, head_dim] contiguous; the block's keys and values are written there, then every row
+// attends the cache up to itself (or, for a token tree, `visible` [T, T] as block_attention takes it).
+torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, std::vector<torch::Tensor> qkv_parts,
+                         std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias, torch::Tensor cos,
+                         torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, torch::Tensor keys,
+                         torch::Tensor values, int64_t start, c10::optional<torch::Tensor> visible,
+                         std::vector<torch::Tensor> out_parts, std::vector<int64_t> out_types, torch::Tensor mlp_norm,
+                         std::vector<torch::Tensor> gate_up_parts, std::vector<int64_t> gate_up_types,
+                         std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa) {
+  const int64_t T = x.size(0);
+  TORCH_CHECK(keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat && keys.is_contiguous() &&
+                  values.is_contiguous() && keys.dim() == 3 && keys.sizes() == values.sizes() && keys.size(0) == kv_heads &&
+                  keys.size(2) == head_dim,
+              "int8_layer: the cache must be contiguous float32 [kv_heads, max_len, head_dim]");
+  TORCH_CHECK(start >= 0 && start + T <= keys.size(1), "int8_layer: the block does not fit in the cache");
+  auto qkv = int8_attn_in(x, attn_norm, eps, qkv_parts, qkv_types, bias, cos, sin, heads, kv_heads, head_dim, isa);
+  const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, width = q_size + 2 * kv_size;
+  const float* p = qkv.data_ptr<float>();
+  float* kc = keys.data_ptr<float>();
+  float* vc = values.data_ptr<float>();
+  const int64_t max_len = keys.size(1);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      std::copy_n(p + t * width + q_size + h * head_dim, head_dim, kc + (h * max_len + start + t) * head_dim);
+      std::copy_n(p + t * width + q_size + kv_size + h * head_dim, head_dim, vc + (h * max_len + start + t) * head_dim);
+    }
+  auto q = qkv.narrow(1, 0, q_size).reshape({T, heads, head_dim});
+  auto attn = block_attention_cpu(q, keys.narrow(1, 0, start + T), values.narrow(1, 0, start + T), start, visible);
+  return int8_attn_out(x, attn.view({T, q_size}), out_parts, out_types, mlp_norm, eps, gate_up_parts, gate_up_types,
+                       down_parts, down_types, isa);
 }

@@ -55,11 +55,11 @@ static inline __m256i mad(__m256i acc, __m256i u, __m256i x) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
 }
 
-static inline int32_t hsum_i32(__m256i v) {
+// The sum of the 8 int32 lanes, in lane 0 of the result (every lane, in fact), without leaving the vector registers.
+static inline __m128i hsum_i32_v(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
+  return _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
 }
 
 static inline float f16(const uint8_t* p) { return _cvtsh_ss(*(const uint16_t*)p); }
@@ -122,15 +122,13 @@ struct Q4K {  // 8 sub-blocks of 32: 4-bit q, 6-bit scale and min each; w = d*sc
   inline __m128i offset_parts(const XBlock& x) const {  // min * (sum of the sub-block's 32 activations), in pairs
     return _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i*)x.bsum32));
   }
-  inline int32_t offset(const XBlock& x) const {
-    const __m128i s = offset_parts(x);
-    const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
-  }
   template <int T>
-  inline __m256i offsets(const XBlock* x) const {  // lane t: offset(x[t]), T tokens reduced together
+  inline __m256i offsets(const XBlock* x) const {  // lane t: the offset of token x[t], T tokens reduced together
     __m128i v[8];
     for (int t = 0; t < 8; ++t) v[t] = t < T ? offset_parts(x[t]) : _mm_setzero_si128();
+    return reduce_parts(v);
+  }
+  static inline __m256i reduce_parts(const __m128i* v) {  // lane i: the sum of the 4 int32 of v[i]
     const __m128i lo = _mm_hadd_epi32(_mm_hadd_epi32(v[0], v[1]), _mm_hadd_epi32(v[2], v[3]));
     const __m128i hi = _mm_hadd_epi32(_mm_hadd_epi32(v[4], v[5]), _mm_hadd_epi32(v[6], v[7]));
     return _mm256_set_m128i(hi, lo);
@@ -169,7 +167,6 @@ struct Q6K {  // 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales (pe
   inline __m256i fold(const XBlock& x) const {  // the -32 of every weight: -32 * scale * 16-value sums
     return _mm256_madd_epi16(minus32sc, _mm256_loadu_si256((const __m256i*)x.bsum16));
   }
-  inline int32_t offset(const XBlock&) const { return 0; }
   template <int T>
   inline __m256i offsets(const XBlock*) const { return _mm256_setzero_si256(); }
 };
@@ -250,7 +247,7 @@ struct Q8_0 {  // w = d*q, q signed: multiplied as |q| times x with q's sign
 // The rows of a chunk lie end to end in memory, and a thread walks them in order. The hardware
 // prefetcher alone left a decode step well below the memory's bandwidth (rows of a 1536-wide matrix are
 // under 1 KB); asking for the lines PREFETCH_BYTES ahead, across into the next row, closes most of the gap.
-constexpr int PREFETCH_BYTES = 1152;
+constexpr int PREFETCH_BYTES = 4608;
 template <class B>
 static inline void prefetch_ahead(const uint8_t* block) {
   const char* ahead = (const char*)block + (PREFETCH_BYTES + B::BYTES - 1) / B::BYTES * B::BYTES;
@@ -269,15 +266,14 @@ inline __m256i lane_sums(const __m256i* s) {
 
 // One weight row of a k-quant type against tokens t0..t0+T-1, over the whole row. Per block and token: an exact
 // integer sum s, then acc = fma(float(s), d * dx, acc) (and the same for an offset term), block after
-// block; the result is acc + offset. T = 1 runs it in scalar registers, T > 1 in one vector lane per
-// token: the same IEEE operations either way. perturb_token >= 0 splits that token's sum into even and
+// block; the result is acc + offset. T >= 2 runs it in one vector lane per token, tile_one() for a lone
+// token in lane 0 of a 128-bit register: the same IEEE operations either way. perturb_token >= 0 splits that token's sum into even and
 // odd blocks, added at the end: a deliberately broken variant for the tests that must catch it.
 template <class B, int T>
 void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
   static_assert(B::K && !B::SIGNED, "tile() takes the unsigned k-quant types; tile_lanes() the 32-weight ones");
   const int64_t nblk = a.in / B::QK;
-  const bool perturb = perturb_token >= t0 && perturb_token < t0 + T;
-  float acc1 = 0.0f, off1 = 0.0f, odd1 = 0.0f;  // T == 1
+  static_assert(T >= 2, "one token runs in tile_one()");
   __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
   const __m256 perturb_lane = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                                                      _mm256_set1_epi32((int)(perturb_token - t0))));
@@ -296,11 +292,11 @@ void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int
     XBlock xb[T];
     __m256i s[T];
     for (int t = 0; t < T; ++t) {
-      xb[t] = {xq[t] + blk * 256, T == 1 ? a.kd[(t0 + t) * nblk + blk] : 0.0f, xs16[t] + blk * 16, xs32[t] + blk * 8, 0};
+      xb[t] = {xq[t] + blk * 256, 0.0f, xs16[t] + blk * 16, xs32[t] + blk * 8, 0};
       s[t] = B::FOLD ? b.fold(xb[t]) : _mm256_setzero_si256();
     }
 #if QD_VNNI
-    if constexpr (T >= 2) {  // two sub-blocks per 512-bit step: half the instructions, the same integers
+    {  // two sub-blocks per 512-bit step: half the instructions, the same integers
       __m512i wide[T];
       for (int t = 0; t < T; ++t) wide[t] = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -312,8 +308,8 @@ void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int
       }
       for (int t = 0; t < T; ++t)
         s[t] = _mm256_add_epi32(s[t], _mm256_add_epi32(_mm512_castsi512_si256(wide[t]), _mm512_extracti64x4_epi64(wide[t], 1)));
-    } else
-#endif
+    }
+#else
 #pragma GCC unroll 8
     for (int j = 0; j < B::SUB; ++j) {
       const __m256i wv = b.weights(j);  // k-quant weights are unsigned: no sign trick here
@@ -321,14 +317,8 @@ void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int
       for (int t = 0; t < T; ++t)
         s[t] = mad_scaled<(T >= 4)>(s[t], wv, _mm256_loadu_si256((const __m256i*)(xb[t].q + 32 * j)), sc);
     }
-    const bool to_odd = perturb && (blk & 1);
-    if (T == 1) {
-      const float prod = b.d * xb[0].d;
-      float& sink = to_odd ? odd1 : acc1;
-      sink = std::fma((float)hsum_i32(s[0]), prod, sink);
-      if (B::OFFSET) off1 = std::fma((float)b.offset(xb[0]), b.off_scale * xb[0].d, off1);
-      continue;
-    }
+#endif
+    const bool to_odd = perturb_token >= t0 && perturb_token < t0 + T && (blk & 1);
     const __m256 dxv = _mm256_maskload_ps(a.kd_by_block + blk * (a.M + 8) + t0, token_lanes);
     const __m256 sums = _mm256_cvtepi32_ps(lane_sums<T>(s));
     const __m256 prod = _mm256_mul_ps(_mm256_set1_ps(b.d), dxv);
@@ -341,15 +331,42 @@ void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int
     if (B::OFFSET)
       off = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b.template offsets<T>(xb)), _mm256_mul_ps(_mm256_set1_ps(b.off_scale), dxv), off);
   }
-  if (T == 1) {
-    y[0] = (perturb ? acc1 + odd1 : acc1) + off1;
-    return;
-  }
   alignas(32) float lanes[8], odds[8], offsets[8];
   _mm256_store_ps(lanes, acc);
   _mm256_store_ps(odds, odd);
   _mm256_store_ps(offsets, off);
   for (int t = 0; t < T; ++t) y[t * ldy] = (t0 + t == perturb_token ? lanes[t] + odds[t] : lanes[t]) + offsets[t];
+}
+
+// One weight row against one token (a decode step): tile()'s operations, with the block's integer sum
+// split over two accumulators (exact either way) and reduced without leaving the vector registers, so
+// consecutive blocks overlap instead of waiting on one long chain of latencies.
+template <class B>
+void tile_one(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t perturb_token) {
+  static_assert(B::K && !B::SIGNED && B::SUB % 2 == 0, "tile_one() takes the unsigned k-quant types");
+  const int64_t nblk = a.in / B::QK;
+  const bool perturb = perturb_token == t0;
+  const int8_t* xq = a.kq + t0 * a.in;
+  const float* xd = a.kd + t0 * nblk;
+  __m128 acc = _mm_setzero_ps(), odd = _mm_setzero_ps(), off = _mm_setzero_ps();  // lane 0
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    B b;
+    b.load(w + blk * B::BYTES);
+    prefetch_ahead<B>(w + blk * B::BYTES);
+    const XBlock xb{xq + blk * 256, xd[blk], a.kbsum + (t0 * nblk + blk) * 16, a.kbsum32 + (t0 * nblk + blk) * 8, 0};
+    __m256i s0 = B::FOLD ? b.fold(xb) : _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int j = 0; j < B::SUB; j += 2) {
+      s0 = mad_scaled<true>(s0, b.weights(j), _mm256_loadu_si256((const __m256i*)(xb.q + 32 * j)), b.scale(j));
+      s1 = mad_scaled<true>(s1, b.weights(j + 1), _mm256_loadu_si256((const __m256i*)(xb.q + 32 * j + 32)), b.scale(j + 1));
+    }
+    const __m128 sum = _mm_cvtepi32_ps(hsum_i32_v(_mm256_add_epi32(s0, s1)));
+    if (perturb && (blk & 1)) odd = _mm_fmadd_ss(sum, _mm_set_ss(b.d * xb.d), odd);
+    else acc = _mm_fmadd_ss(sum, _mm_set_ss(b.d * xb.d), acc);
+    if (B::OFFSET)
+      off = _mm_fmadd_ss(_mm_cvtepi32_ps(_mm256_castsi256_si128(b.template offsets<1>(&xb))), _mm_set_ss(b.off_scale * xb.d), off);
+  }
+  y[0] = (perturb ? _mm_cvtss_f32(acc) + _mm_cvtss_f32(odd) : _mm_cvtss_f32(acc)) + _mm_cvtss_f32(off);
 }
 
 // The 32-weight block types: one weight block is only 32 products per token, too few to pay for a
@@ -399,7 +416,8 @@ void row_tokens(const Act& a, int64_t t, int64_t M, const uint8_t* w, float* y, 
     return;
   } else {
     for (; t + T <= M; t += T) {
-      if constexpr (B::K) tile<B, T>(a, t, w, y + t * ldy, ldy, perturb);
+      if constexpr (B::K && T == 1) tile_one<B>(a, t, w, y + t * ldy, perturb);
+      else if constexpr (B::K) tile<B, T>(a, t, w, y + t * ldy, ldy, perturb);
       else tile_lanes<B, T>(a, t, w, y + t * ldy, ldy, perturb);
     }
     row_tokens<B, T - 1>(a, t, M, w, y, ldy, perturb);
@@ -432,21 +450,25 @@ bool visit_type(int64_t type, F&& f) {
 // another process on its core takes fewer chunks instead of holding the others at the barrier, and
 // each chunk is one long run of memory for the prefetchers. Which thread computes a row changes
 // nothing in it.
-constexpr int64_t CHUNK_BYTES = 256 * 1024;
+constexpr int64_t CHUNK_BYTES = 256 * 1024, CHUNKS_PER_THREAD = 4;
 
 void run_all(const Act& a, int64_t M, const std::vector<const uint8_t*>& parts, const std::vector<int64_t>& rows_of,
              const std::vector<int64_t>& types, float* y, int64_t O, int64_t perturb) {
+  const int64_t threads = at::get_num_threads();
   std::vector<int64_t> first_chunk{0}, first_col{0}, chunk_rows;  // per part (and one past the last)
   for (size_t i = 0; i < parts.size(); ++i) {
     int64_t row_bytes = 0;
     visit_type(types[i], [&](auto b) { row_bytes = a.in / decltype(b)::QK * decltype(b)::BYTES; });
-    chunk_rows.push_back(std::max<int64_t>(8, CHUNK_BYTES / row_bytes));
+    // Small matrices (a layer's Q, K, V or output projection) in at least CHUNKS_PER_THREAD chunks per
+    // thread, so that no thread waits long at the end of the call for another's last chunk.
+    const int64_t balanced = (rows_of[i] + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
+    chunk_rows.push_back(std::max<int64_t>(8, std::min(CHUNK_BYTES / row_bytes, balanced)));
     first_chunk.push_back(first_chunk.back() + (rows_of[i] + chunk_rows[i] - 1) / chunk_rows[i]);
     first_col.push_back(first_col.back() + rows_of[i]);
   }
   const int64_t chunks = first_chunk.back();
   std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunks);
+  const int64_t workers = std::min<int64_t>(threads, chunks);
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
       size_t i = 0;

@@ -57,6 +57,8 @@ class DecoderLayer(nn.Module):
         c = self.config
         seq = x.shape[0]
         fused = isinstance(self.qkv, kernels.QuantWeight)  # int8: everything but attention in two kernel calls
+        if fused and exact_rows and cache.keys.dtype == torch.float32 and kernels.dispatch.FUSED_LAYER:  # or all in one
+            return kernels.int8_layer(x, self, cache.keys[layer_index], cache.values[layer_index], start, cos, sin, visible, c)
         if fused:
             qkv = kernels.int8_attn_in(x, self.attn_norm, c.rms_norm_eps, self.qkv, self.qkv_bias, cos, sin, c)
             q, k, v = (part.view(seq, -1, c.head_dim) for part in qkv.split((c.q_size, c.kv_size, c.kv_size), dim=-1))

@@ -135,3 +135,34 @@ def test_tree_nodes_are_bitwise_the_same_nodes_in_a_chain(name, precision):
     rows = [6 + i for i in chain_index]
     assert torch.equal(tree_cache.keys[:, :, rows], chain_cache.keys[:, :, 6:14])
     assert torch.equal(tree_cache.values[:, :, rows], chain_cache.values[:, :, 6:14])
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-gqa-bias"])
+def test_the_one_call_int8_layer_gives_the_three_call_bits(name, monkeypatch):
+    """The int8 layer runs as one native call (attn_in, cache write, attention, attn_out); the three-call
+    path it replaced is the reference: logits and cache bits equal, for a prompt, a step, a verify block
+    and a token tree."""
+    from specdecode import kernels
+    from specdecode.models.loader import _to_quant_weights
+    from specdecode.models.transformer import tree_mask, tree_positions
+
+    if kernels.load_kernel() is None:
+        pytest.skip("no CPU kernel")
+    model = make_tiny_model(seed=5, **CONFIGS[name])
+    _to_quant_weights(model)
+    tokens = tokens_for(model, 31)
+    parents = [0, 0, 1, 2]  # a root and four nodes
+
+    def run(fused: bool):
+        monkeypatch.setattr(kernels.dispatch, "FUSED_LAYER", fused)
+        cache = model.new_cache()
+        outs = [model(tokens[:20], cache), model(tokens[20:21], cache), model(tokens[21:26], cache)]
+        start = cache.length
+        mask, positions = tree_mask(start, parents, "cpu"), tree_positions(start, parents, "cpu")
+        outs.append(model(tokens[26:31], cache, positions=positions, attn_mask=mask))
+        return outs, cache
+
+    (fused, fused_cache), (split, split_cache) = run(True), run(False)
+    for a, b in zip(fused, split):
+        assert torch.equal(a, b)
+    assert torch.equal(fused_cache.keys, split_cache.keys) and torch.equal(fused_cache.values, split_cache.values)
