@@ -60,33 +60,58 @@ float softmax_numerators(float* s, int64_t n) {
   return hsum(total);
 }
 
-// out[0, 8*C) = sum_j p[j] * v[rows[j]][0, 8*C) / total, one output chunk of the head dimension.
+// acc[0, 8*C) += p[j] * v[rows[j]][0, 8*C) for j in [0, n), in order: one chunk of the head dimension.
+// acc lives in memory between calls, so a key range split into tiles gets the FMAs of one long loop.
 template <int C>
-void weighted_values(const float* p, const float* v, int64_t vstride, const int64_t* rows, int64_t n, float inv_total, float* out) {
+void weighted_values(const float* p, const float* v, int64_t vstride, const int64_t* rows, int64_t n, float* acc_mem) {
   __m256 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_loadu_ps(acc_mem + 8 * c);
   for (int64_t j = 0; j < n; ++j) {
     __m256 pj = _mm256_set1_ps(p[j]);
     const float* vj = v + rows[j] * vstride;
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vj + 8 * c), acc[c]);
   }
-  const __m256 inv = _mm256_set1_ps(inv_total);
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], inv));
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc_mem + 8 * c, acc[c]);
 }
 
-void values_out(const float* p, const float* v, int64_t vstride, const int64_t* rows, int64_t n, int64_t D, float inv_total, float* out) {
+void values_acc(const float* p, const float* v, int64_t vstride, const int64_t* rows, int64_t n, int64_t D, float* acc) {
   int64_t d = 0;
-  for (; d + 64 <= D; d += 64) weighted_values<8>(p, v + d, vstride, rows, n, inv_total, out + d);
+  for (; d + 64 <= D; d += 64) weighted_values<8>(p, v + d, vstride, rows, n, acc + d);
   switch ((D - d) / 8) {
-    case 7: weighted_values<7>(p, v + d, vstride, rows, n, inv_total, out + d); break;
-    case 6: weighted_values<6>(p, v + d, vstride, rows, n, inv_total, out + d); break;
-    case 5: weighted_values<5>(p, v + d, vstride, rows, n, inv_total, out + d); break;
-    case 4: weighted_values<4>(p, v + d, vstride, rows, n, inv_total, out + d); break;
-    case 3: weighted_values<3>(p, v + d, vstride, rows, n, inv_total, out + d); break;
-    case 2: weighted_values<2>(p, v + d, vstride, rows, n, inv_total, out + d); break;
-    case 1: weighted_values<1>(p, v + d, vstride, rows, n, inv_total, out + d); break;
+    case 7: weighted_values<7>(p, v + d, vstride, rows, n, acc + d); break;
+    case 6: weighted_values<6>(p, v + d, vstride, rows, n, acc + d); break;
+    case 5: weighted_values<5>(p, v + d, vstride, rows, n, acc + d); break;
+    case 4: weighted_values<4>(p, v + d, vstride, rows, n, acc + d); break;
+    case 3: weighted_values<3>(p, v + d, vstride, rows, n, acc + d); break;
+    case 2: weighted_values<2>(p, v + d, vstride, rows, n, acc + d); break;
+    case 1: weighted_values<1>(p, v + d, vstride, rows, n, acc + d); break;
     default: break;
+  }
+}
+
+// Keys per tile: the query heads that share a key/value head take their turns on one tile (16 KB of keys
+// or values) while it is in the first-level cache, so the cache is read from memory once per group, not
+// once per query head.
+constexpr int64_t KEY_TILE = 32;
+
+// Row i of the block, query heads [h0, h1) of one key/value group: scores, softmax, weighted values.
+// Per (row, head) the operations and their order do not depend on the tiling or on h0, h1.
+void attend_group(const float* q, const float* kh, int64_t kstride, const float* vh, int64_t vstride,
+                  const std::vector<int64_t>& rows, int64_t h0, int64_t h1, int64_t D, float scale, float* out) {
+  const int64_t n = rows.size(), padded = (n + 7) / 8 * 8, heads = h1 - h0;
+  std::vector<float> s(heads * padded, -INFINITY), acc(heads * D, 0.0f), total(heads);
+  for (int64_t j0 = 0; j0 < n; j0 += KEY_TILE)
+    for (int64_t h = 0; h < heads; ++h)
+      scores(q + (h0 + h) * D, kh, kstride, rows.data() + j0, std::min(KEY_TILE, n - j0), D, scale, s.data() + h * padded + j0);
+  for (int64_t h = 0; h < heads; ++h) total[h] = softmax_numerators(s.data() + h * padded, n);
+  for (int64_t j0 = 0; j0 < n; j0 += KEY_TILE)
+    for (int64_t h = 0; h < heads; ++h)
+      values_acc(s.data() + h * padded + j0, vh, vstride, rows.data() + j0, std::min(KEY_TILE, n - j0), D, acc.data() + h * D);
+  for (int64_t h = 0; h < heads; ++h) {
+    const __m256 inv = _mm256_set1_ps(1.0f / total[h]);
+    for (int64_t d = 0; d < D; d += 8)
+      _mm256_storeu_ps(out + (h0 + h) * D + d, _mm256_mul_ps(_mm256_loadu_ps(acc.data() + h * D + d), inv));
   }
 }
 
@@ -126,18 +151,18 @@ torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tenso
   float* op = out.data_ptr<float>();
   const int64_t group = H / Hkv;
   const float scale = 1.0f / std::sqrt((float)D);
-  // One work item per (row, query head): enough items for both cores even for a single row.
-  at::parallel_for(0, T * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s;
+  // One work item per (row, key/value group, slice of the group's query heads): slices only where rows
+  // times groups leave a thread without work (a decode step of a model with few key/value heads).
+  const int64_t threads = at::get_num_threads();
+  const int64_t slices = std::min(group, std::max<int64_t>(1, (threads + T * Hkv - 1) / (T * Hkv)));
+  const int64_t per_slice = (group + slices - 1) / slices;
+  at::parallel_for(0, T * Hkv * slices, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t i = item / H, h = item % H, g = h / group;
-      const int64_t n = rows[i].size();
-      s.assign((n + 7) / 8 * 8, -INFINITY);
-      const float* kh = kp + g * k.stride(0);
-      const float* vh = vp + g * v.stride(0);
-      scores(qp + (i * H + h) * D, kh, k.stride(1), rows[i].data(), n, D, scale, s.data());
-      const float total = softmax_numerators(s.data(), n);
-      values_out(s.data(), vh, v.stride(1), rows[i].data(), n, D, 1.0f / total, op + (i * H + h) * D);
+      const int64_t i = item / (Hkv * slices), g = item / slices % Hkv, slice = item % slices;
+      const int64_t h0 = g * group + slice * per_slice, h1 = std::min(g * group + group, h0 + per_slice);
+      if (h0 >= h1) continue;
+      attend_group(qp + i * H * D, kp + g * k.stride(0), k.stride(1), vp + g * v.stride(0), v.stride(1), rows[i], h0, h1, D,
+                   scale, op + i * H * D);
     }
   });
   return out;

@@ -44,15 +44,17 @@ bool cpu_has_vnni() {  // asked once: every decoding matmul passes through here
 
 // Symmetric int8, one scale per QB values of a row: d = max|x| / 127, q = round-to-nearest-even(x * 127 / max|x|).
 // Also the sums of every 16 (k-quant format) or 32 (32-block format) quantized values, which the weight
-// types with an offset (q - 32, q - 16, + min) need. Depends on the row's own values only.
-template <int QB>
+// types with an offset (q - 32, q - 16, + min) need. Depends on the row's own values only. The values and
+// their sums are stored row-major ([M][in]) or, BLOCK_MAJOR, block by block ([in/QB][M][QB]); d is [M][in/QB].
+template <int QB, bool BLOCK_MAJOR>
 void quantize_rows(const float* x, int64_t M, int64_t in, int8_t* q, float* d, int16_t* sums16, int16_t* sums32_16,
                    int32_t* sums32) {
   const int64_t nb = in / QB;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < nb; ++b) {
       const float* v = x + m * in + b * QB;
-      int8_t* out = q + m * in + b * QB;
+      const int64_t at = BLOCK_MAJOR ? b * M + m : m * nb + b;  // the block's index in the stored order
+      int8_t* out = q + at * QB;
       float amax = 0.0f;
       for (int i = 0; i < QB; ++i) amax = std::max(amax, std::fabs(v[i]));
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
@@ -63,18 +65,18 @@ void quantize_rows(const float* x, int64_t M, int64_t in, int8_t* q, float* d, i
         out[i] = (int8_t)std::max(-127, std::min(127, r));
         total += out[i];
       }
-      if (sums32) sums32[m * nb + b] = total;
+      if (sums32) sums32[at] = total;
       if (sums32_16)
         for (int g = 0; g < QB / 32; ++g) {
           int32_t s = 0;
           for (int i = 0; i < 32; ++i) s += out[32 * g + i];
-          sums32_16[(m * nb + b) * (QB / 32) + g] = (int16_t)s;
+          sums32_16[at * (QB / 32) + g] = (int16_t)s;
         }
       if (sums16)
         for (int g = 0; g < QB / 16; ++g) {
           int32_t s = 0;
           for (int i = 0; i < 16; ++i) s += out[16 * g + i];
-          sums16[(m * nb + b) * (QB / 16) + g] = (int16_t)s;
+          sums16[at * (QB / 16) + g] = (int16_t)s;
         }
     }
 }
@@ -138,7 +140,7 @@ torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts
   const float* xp = xc.data_ptr<float>();
   if (need_k) {
     kq.resize(M * in), kd.resize(M * in / 256), kbsum.resize(M * in / 16), kbsum32.resize(M * in / 32);
-    quantize_rows<256>(xp, M, in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), nullptr);
+    quantize_rows<256, true>(xp, M, in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), nullptr);
     const int64_t nsb = in / 256;
     kd_by_block.assign(nsb * (M + 8), 0.0f);
     for (int64_t m = 0; m < M; ++m)
@@ -146,7 +148,7 @@ torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts
   }
   if (need_32) {
     bq.resize(M * in), bd.resize(M * in / 32), bsum.resize(M * in / 32);
-    quantize_rows<32>(xp, M, in, bq.data(), bd.data(), nullptr, nullptr, bsum.data());
+    quantize_rows<32, false>(xp, M, in, bq.data(), bd.data(), nullptr, nullptr, bsum.data());
   }
   auto out_sizes = xc.sizes().vec();
   out_sizes.back() = O;

@@ -24,10 +24,11 @@ constexpr int MAX_M = 16;  // activation rows per call: a decode step, a verify 
 // The quantized activations of one call (see quantize_* in quant_dot.cpp).
 struct Act {
   int64_t in;
-  const int8_t* kq;       // [M][in] int8, one scale per 256 (k-quant types)
+  // k-quant types, block-major so that a tile reaches each of its tokens at a constant offset:
+  const int8_t* kq;       // [in/256][M][256] int8, one scale per 256
   const float* kd;        // [M][in/256]
-  const int16_t* kbsum;   // [M][in/256][16] sums of 16 consecutive values
-  const int16_t* kbsum32; // [M][in/256][8] sums of 32 consecutive values
+  const int16_t* kbsum;   // [in/256][M][16] sums of 16 consecutive values
+  const int16_t* kbsum32; // [in/256][M][8] sums of 32 consecutive values
   const float* kd_by_block;  // [in/256][M + 8]: kd transposed (padded), the scales of all tokens per block
   int64_t M;
   const int8_t* bq;       // [M][in] int8, one scale per 32 (32-weight block types)
@@ -87,6 +88,20 @@ static inline __m256i lane_word(__m256i v, int w_lo, int w_hi) {
   return _mm256_shuffle_epi8(v, ctrl);
 }
 
+#if QD_VNNI
+// The word permutation that lays a block's scales out for one quad (four sub-blocks) of the VNNI tile:
+// f(q, L, i) is the scale index of word i of 128-bit lane L.
+struct QuadIndex {
+  alignas(64) int16_t words[2][32];
+  template <class F>
+  explicit QuadIndex(F f) {
+    for (int q = 0; q < 2; ++q)
+      for (int p = 0; p < 32; ++p) words[q][p] = (int16_t)f(q, p / 8, p % 8);
+  }
+  inline __m512i get(int q) const { return _mm512_load_si512(words[q]); }
+};
+#endif
+
 struct Q4K {  // 8 sub-blocks of 32: 4-bit q, 6-bit scale and min each; w = d*sc*q - dmin*m
   static constexpr int QK = 256, BYTES = 144, SUB = 8;
   static constexpr bool K = true, SIGNED = false, OFFSET = true;
@@ -117,6 +132,14 @@ struct Q4K {  // 8 sub-blocks of 32: 4-bit q, 6-bit scale and min each; w = d*sc
     return _mm256_and_si256(j & 1 ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(15));
   }
   inline __m256i scale(int j) const { return lane_word(scales, j, j); }
+#if QD_VNNI
+  // Word p of quad q's dpwssd operand scales 128-bit lane p / 8 of packs_epi32(dpbusd(sub-blocks 4q, 4q+1),
+  // dpbusd(4q+2, 4q+3)): words 0-3 hold sums of sub-block 4q + L/2, words 4-7 of 4q + 2 + L/2 (L = p / 8).
+  inline __m512i packed_scales(int q) const {
+    static const QuadIndex idx([](int q, int L, int i) { return 4 * q + (i < 4 ? 0 : 2) + L / 2; });
+    return _mm512_permutexvar_epi16(idx.get(q), _mm512_castsi256_si512(scales));
+  }
+#endif
   static constexpr bool FOLD = false;
   inline __m256i fold(const XBlock&) const { return _mm256_setzero_si256(); }
   inline __m128i offset_parts(const XBlock& x) const {  // min * (sum of the sub-block's 32 activations), in pairs
@@ -142,10 +165,12 @@ struct Q6K {  // 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales (pe
   float d, off_scale;
   __m256i minus32sc;       // -32 times each of the 16 scales, as int16
   __m256i first, second;   // both lanes: scales 0-7, scales 8-15
+  __m256i all;             // scales 0-15
   inline void load(const uint8_t* b) {
     d = f16(b + 208);
     off_scale = 0.0f;
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 192)));
+    all = sc16;
     minus32sc = _mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32));
     first = _mm256_permute2x128_si256(sc16, sc16, 0x00);
     second = _mm256_permute2x128_si256(sc16, sc16, 0x11);
@@ -163,6 +188,14 @@ struct Q6K {  // 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales (pe
   }
   // bytes 0..15 of sub-block j use scale 2j, bytes 16..31 scale 2j+1
   inline __m256i scale(int j) const { return lane_word(j < 4 ? first : second, (2 * j) & 7, (2 * j + 1) & 7); }
+#if QD_VNNI
+  // As Q4K::packed_scales, for scales of 16 weights: lane l of a 64-byte dpbusd holds group l / 4 of the 4
+  // groups of its two sub-blocks, so word p of quad q takes scale 8q + L (first pair) or 8q + 4 + L.
+  inline __m512i packed_scales(int q) const {
+    static const QuadIndex idx([](int q, int L, int i) { return 8 * q + (i < 4 ? 0 : 4) + L; });
+    return _mm512_permutexvar_epi16(idx.get(q), _mm512_castsi256_si512(all));
+  }
+#endif
   static constexpr bool FOLD = true;
   inline __m256i fold(const XBlock& x) const {  // the -32 of every weight: -32 * scale * 16-value sums
     return _mm256_madd_epi16(minus32sc, _mm256_loadu_si256((const __m256i*)x.bsum16));
@@ -272,44 +305,49 @@ inline __m256i lane_sums(const __m256i* s) {
 template <class B, int T>
 void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
   static_assert(B::K && !B::SIGNED, "tile() takes the unsigned k-quant types; tile_lanes() the 32-weight ones");
+  static_assert(T >= 2 && T <= 16, "one token runs in tile_one(); at most 16 tokens, two vectors of float lanes");
+  constexpr int G = (T + 7) / 8;  // float vectors: tokens 8g .. 8g+7 in vector g
   const int64_t nblk = a.in / B::QK;
-  static_assert(T >= 2, "one token runs in tile_one()");
-  __m256 acc = _mm256_setzero_ps(), off = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
-  const __m256 perturb_lane = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                                                     _mm256_set1_epi32((int)(perturb_token - t0))));
-  const int8_t* xq[T];
-  const int16_t *xs16[T], *xs32[T];
-  for (int t = 0; t < T; ++t) {
-    xq[t] = a.kq + (t0 + t) * a.in;
-    xs16[t] = a.kbsum + (t0 + t) * nblk * 16;
-    xs32[t] = a.kbsum32 + (t0 + t) * nblk * 8;
+  __m256 acc[G], off[G], odd[G], perturb_lane[G];
+  __m256i token_lanes[G];
+  for (int g = 0; g < G; ++g) {
+    acc[g] = off[g] = odd[g] = _mm256_setzero_ps();
+    const __m256i lane = _mm256_setr_epi32(8 * g, 8 * g + 1, 8 * g + 2, 8 * g + 3, 8 * g + 4, 8 * g + 5, 8 * g + 6, 8 * g + 7);
+    perturb_lane[g] = _mm256_castsi256_ps(_mm256_cmpeq_epi32(lane, _mm256_set1_epi32((int)(perturb_token - t0))));
+    token_lanes[g] = _mm256_cmpgt_epi32(_mm256_set1_epi32(T), lane);
   }
-  const __m256i token_lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(T), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   for (int64_t blk = 0; blk < nblk; ++blk) {
     B b;
     b.load(w + blk * B::BYTES);
     prefetch_ahead<B>(w + blk * B::BYTES);
+    const int64_t first = blk * a.M + t0;  // this block of token t0, block-major
     XBlock xb[T];
     __m256i s[T];
-    for (int t = 0; t < T; ++t) {
-      xb[t] = {xq[t] + blk * 256, 0.0f, xs16[t] + blk * 16, xs32[t] + blk * 8, 0};
-      s[t] = B::FOLD ? b.fold(xb[t]) : _mm256_setzero_si256();
-    }
+    for (int t = 0; t < T; ++t)
+      xb[t] = {a.kq + (first + t) * 256, 0.0f, a.kbsum + (first + t) * 16, a.kbsum32 + (first + t) * 8, 0};
 #if QD_VNNI
-    {  // two sub-blocks per 512-bit step: half the instructions, the same integers
+    {  // Four sub-blocks per step: two 512-bit dpbusd, whose int32 lanes (sums of 4 products, |sum| <= 4 * 63 * 127)
+       // fit int16, packed into one dpwssd with the scales: three multiplies per 128 weights and token instead
+       // of four (maddubs and dpwssd per 64), the same integers.
       __m512i wide[T];
       for (int t = 0; t < T; ++t) wide[t] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-      for (int jp = 0; jp < B::SUB / 2; ++jp) {
-        const __m512i wv = _mm512_inserti64x4(_mm512_castsi256_si512(b.weights(2 * jp)), b.weights(2 * jp + 1), 1);
-        const __m512i sc = _mm512_inserti64x4(_mm512_castsi256_si512(b.scale(2 * jp)), b.scale(2 * jp + 1), 1);
-        for (int t = 0; t < T; ++t)
-          wide[t] = _mm512_dpwssd_epi32(wide[t], _mm512_maddubs_epi16(wv, _mm512_loadu_si512(xb[t].q + 64 * jp)), sc);
+#pragma GCC unroll 2
+      for (int q = 0; q < B::SUB / 4; ++q) {
+        const __m512i wa = _mm512_inserti64x4(_mm512_castsi256_si512(b.weights(4 * q)), b.weights(4 * q + 1), 1);
+        const __m512i wb = _mm512_inserti64x4(_mm512_castsi256_si512(b.weights(4 * q + 2)), b.weights(4 * q + 3), 1);
+        const __m512i sc = b.packed_scales(q);
+        for (int t = 0; t < T; ++t) {
+          const __m512i pa = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, _mm512_loadu_si512(xb[t].q + 128 * q));
+          const __m512i pb = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb, _mm512_loadu_si512(xb[t].q + 128 * q + 64));
+          wide[t] = _mm512_dpwssd_epi32(wide[t], _mm512_packs_epi32(pa, pb), sc);
+        }
       }
       for (int t = 0; t < T; ++t)
-        s[t] = _mm256_add_epi32(s[t], _mm256_add_epi32(_mm512_castsi512_si256(wide[t]), _mm512_extracti64x4_epi64(wide[t], 1)));
+        s[t] = _mm256_add_epi32(B::FOLD ? b.fold(xb[t]) : _mm256_setzero_si256(),
+                                _mm256_add_epi32(_mm512_castsi512_si256(wide[t]), _mm512_extracti64x4_epi64(wide[t], 1)));
     }
 #else
+    for (int t = 0; t < T; ++t) s[t] = B::FOLD ? b.fold(xb[t]) : _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int j = 0; j < B::SUB; ++j) {
       const __m256i wv = b.weights(j);  // k-quant weights are unsigned: no sign trick here
@@ -318,23 +356,34 @@ void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int
         s[t] = mad_scaled<(T >= 4)>(s[t], wv, _mm256_loadu_si256((const __m256i*)(xb[t].q + 32 * j)), sc);
     }
 #endif
-    const bool to_odd = perturb_token >= t0 && perturb_token < t0 + T && (blk & 1);
-    const __m256 dxv = _mm256_maskload_ps(a.kd_by_block + blk * (a.M + 8) + t0, token_lanes);
-    const __m256 sums = _mm256_cvtepi32_ps(lane_sums<T>(s));
-    const __m256 prod = _mm256_mul_ps(_mm256_set1_ps(b.d), dxv);
-    if (to_odd) {
-      odd = _mm256_blendv_ps(odd, _mm256_fmadd_ps(sums, prod, odd), perturb_lane);
-      acc = _mm256_blendv_ps(_mm256_fmadd_ps(sums, prod, acc), acc, perturb_lane);
-    } else {
-      acc = _mm256_fmadd_ps(sums, prod, acc);
+    __m256i sums[G], offs[G];  // lane t of vector g: the block's exact sum (and offset) of token 8g + t
+    sums[0] = lane_sums<(T < 8 ? T : 8)>(s);
+    offs[0] = b.template offsets<(T < 8 ? T : 8)>(xb);
+    if constexpr (G == 2) {
+      sums[G - 1] = lane_sums<T - 8>(s + 8);
+      offs[G - 1] = b.template offsets<T - 8>(xb + 8);
     }
-    if (B::OFFSET)
-      off = _mm256_fmadd_ps(_mm256_cvtepi32_ps(b.template offsets<T>(xb)), _mm256_mul_ps(_mm256_set1_ps(b.off_scale), dxv), off);
+    const bool to_odd = perturb_token >= t0 && perturb_token < t0 + T && (blk & 1);
+    for (int g = 0; g < G; ++g) {
+      const __m256 dxv = _mm256_maskload_ps(a.kd_by_block + blk * (a.M + 8) + t0 + 8 * g, token_lanes[g]);
+      const __m256 sum = _mm256_cvtepi32_ps(sums[g]);
+      const __m256 prod = _mm256_mul_ps(_mm256_set1_ps(b.d), dxv);
+      if (to_odd) {
+        odd[g] = _mm256_blendv_ps(odd[g], _mm256_fmadd_ps(sum, prod, odd[g]), perturb_lane[g]);
+        acc[g] = _mm256_blendv_ps(_mm256_fmadd_ps(sum, prod, acc[g]), acc[g], perturb_lane[g]);
+      } else {
+        acc[g] = _mm256_fmadd_ps(sum, prod, acc[g]);
+      }
+      if (B::OFFSET)
+        off[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(offs[g]), _mm256_mul_ps(_mm256_set1_ps(b.off_scale), dxv), off[g]);
+    }
   }
-  alignas(32) float lanes[8], odds[8], offsets[8];
-  _mm256_store_ps(lanes, acc);
-  _mm256_store_ps(odds, odd);
-  _mm256_store_ps(offsets, off);
+  alignas(32) float lanes[8 * G], odds[8 * G], offsets[8 * G];
+  for (int g = 0; g < G; ++g) {
+    _mm256_store_ps(lanes + 8 * g, acc[g]);
+    _mm256_store_ps(odds + 8 * g, odd[g]);
+    _mm256_store_ps(offsets + 8 * g, off[g]);
+  }
   for (int t = 0; t < T; ++t) y[t * ldy] = (t0 + t == perturb_token ? lanes[t] + odds[t] : lanes[t]) + offsets[t];
 }
 
@@ -346,14 +395,14 @@ void tile_one(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t pert
   static_assert(B::K && !B::SIGNED && B::SUB % 2 == 0, "tile_one() takes the unsigned k-quant types");
   const int64_t nblk = a.in / B::QK;
   const bool perturb = perturb_token == t0;
-  const int8_t* xq = a.kq + t0 * a.in;
   const float* xd = a.kd + t0 * nblk;
   __m128 acc = _mm_setzero_ps(), odd = _mm_setzero_ps(), off = _mm_setzero_ps();  // lane 0
   for (int64_t blk = 0; blk < nblk; ++blk) {
     B b;
     b.load(w + blk * B::BYTES);
     prefetch_ahead<B>(w + blk * B::BYTES);
-    const XBlock xb{xq + blk * 256, xd[blk], a.kbsum + (t0 * nblk + blk) * 16, a.kbsum32 + (t0 * nblk + blk) * 8, 0};
+    const int64_t at = blk * a.M + t0;  // block-major
+    const XBlock xb{a.kq + at * 256, xd[blk], a.kbsum + at * 16, a.kbsum32 + at * 8, 0};
     __m256i s0 = B::FOLD ? b.fold(xb) : _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int j = 0; j < B::SUB; j += 2) {
@@ -407,10 +456,12 @@ void tile_lanes(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ld
     y[t * ldy] = (t0 + t == perturb_token ? hsum(acc[t]) + hsum(odd[t]) : hsum(acc[t])) + off[t];
 }
 
-constexpr int TOKENS = 8;  // tokens per tile: one float lane each (k-quants), 8 float lanes each (others)
+// Tokens per tile: one float lane each for the k-quants (16 with AVX-512's 32 registers: a verify block of
+// up to 16 rows unpacks each weight block once), 8 float lanes each for the others.
+constexpr int K_TOKENS = QD_VNNI ? 16 : 8, LANE_TOKENS = 8;
 
-// One weight row against every token: groups of TOKENS, then the remainder.
-template <class B, int T = TOKENS>
+// One weight row against every token: groups of as many tokens as a tile takes, then the remainder.
+template <class B, int T = (B::K ? K_TOKENS : LANE_TOKENS)>
 void row_tokens(const Act& a, int64_t t, int64_t M, const uint8_t* w, float* y, int64_t ldy, int64_t perturb) {
   if constexpr (T == 0) {
     return;
