@@ -21,6 +21,7 @@ from .dispatch import (
 from .native import KERNEL_CFLAGS, KERNEL_HEADERS, KERNEL_SOURCES, kernel_build_dir, kernel_status, load_kernel
 from .weights import (
     GGUF_KERNEL_TYPES,
+    Q4_K_UNPACKED,
     Q8_0,
     QUANT_ISA,
     QUANT_KERNEL_TYPES,

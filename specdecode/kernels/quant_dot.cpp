@@ -164,6 +164,30 @@ torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts
   return y;
 }
 
+// Q4_K blocks [rows, n * 144] to Q4KR blocks [rows, n * 148]: the 12 packed scale bytes become 8 scale bytes
+// and 8 min bytes, everything else is copied. Multiplies give the bits Q4_K gives (tests check it).
+torch::Tensor repack_q4k_cpu(torch::Tensor blocks) {
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.size(1) % 144 == 0,
+              "repack_q4k: uint8 [rows, 144k] Q4_K blocks expected");
+  auto src = blocks.contiguous();
+  const int64_t n = src.numel() / 144;
+  auto out = torch::empty({src.size(0), src.size(1) / 144 * 148}, torch::kUInt8);
+  const uint8_t* in = src.data_ptr<uint8_t>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint8_t* blk = in + i * 144;
+      uint8_t* dst = op + i * 148;
+      uint32_t sm[4];
+      qd_avx2::Q4K::unpack_scales(blk + 4, sm);
+      memcpy(dst, blk, 4);
+      memcpy(dst + 4, sm, 16);
+      memcpy(dst + 20, blk + 16, 128);
+    }
+  });
+  return out;
+}
+
 // Float32 weights to Q8_0 blocks (one fp16 scale per 32 weights), for matrices whose GGUF type the
 // kernel cannot read (or that came from a Hugging Face folder): the int8 model then still runs every
 // matmul through quant_linear.

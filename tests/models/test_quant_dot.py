@@ -109,6 +109,29 @@ def test_the_row_check_fails_when_one_rows_summation_order_changes(kernel):
         assert not torch.equal(broken[3], alone[3])
 
 
+def test_unpacked_q4_k_gives_the_q4_k_bits(kernel):
+    """QuantWeight repacks Q4_K at load (scales and mins unpacked to bytes, kernels.Q4_K_UNPACKED): every row
+    count and path gives the bits of the GGUF layout, so the repack changes speed only. A repack that
+    swaps two scales must fail here (checked by the second half)."""
+    parts, _ = make_parts(("Q4_K", "Q6_K"), 70, 768, seed=8)
+    unpacked = [(kernels.Q4_K_UNPACKED, kernel.repack_q4k(parts[0][1])), parts[1]]
+    x = torch.randn(16, 768, generator=torch.Generator().manual_seed(4)) * 3
+    for isa in isa_paths(kernel):
+        for rows in (1, 2, 5, 9, 16):
+            assert torch.equal(run(kernel, x[:rows], unpacked, isa), run(kernel, x[:rows], parts, isa)), (isa, rows)
+    swapped = unpacked[0][1].clone()
+    swapped[:, [4, 5]] = swapped[:, [5, 4]]  # scales 0 and 1 of every first block
+    broken = [(kernels.Q4_K_UNPACKED, swapped), parts[1]]
+    assert not torch.equal(run(kernel, x[:1], broken), run(kernel, x[:1], parts))
+
+
+def test_quant_weight_unpacks_q4_k(kernel):
+    parts, _ = make_parts(("Q4_K",), 64, 512, seed=9)
+    weight = kernels.QuantWeight(parts)
+    assert weight.types == [kernels.Q4_K_UNPACKED] and weight.shape == (64, 512)
+    assert weight.index_select(0, torch.tensor([3, 1])).shape == (2, 512)
+
+
 def test_results_do_not_depend_on_the_thread_count(kernel):
     parts, _ = make_parts(("Q4_K", "Q6_K"), 70, 768, seed=6)
     x = torch.randn(5, 768, generator=torch.Generator().manual_seed(3))
