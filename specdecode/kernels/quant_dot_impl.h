@@ -324,8 +324,9 @@ inline __m256i lane_sums(const __m256i* s) {
 // One weight row of a k-quant type against tokens t0..t0+T-1, over the whole row. Per block and token: an exact
 // integer sum s, then acc = fma(float(s), d * dx, acc) (and the same for an offset term), block after
 // block; the result is acc + offset. T >= 2 runs it in one vector lane per token, tile_one() for a lone
-// token in lane 0 of a 128-bit register: the same IEEE operations either way. perturb_token >= 0 splits that token's sum into even and
-// odd blocks, added at the end: a deliberately broken variant for the tests that must catch it.
+// token in lane 0 of a 128-bit register: the same IEEE operations either way. perturb_token >= 0 splits
+// that token's sum into even and odd blocks, added at the end: a deliberately broken variant for the
+// tests that must catch it.
 template <class B, int T>
 void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
   static_assert(B::K && !B::SIGNED, "tile() takes the unsigned k-quant types; tile_lanes() the 32-weight ones");
