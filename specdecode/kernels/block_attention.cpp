@@ -100,7 +100,8 @@ constexpr int64_t KEY_TILE = 32;
 void attend_group(const float* q, const float* kh, int64_t kstride, const float* vh, int64_t vstride,
                   const std::vector<int64_t>& rows, int64_t h0, int64_t h1, int64_t D, float scale, float* out) {
   const int64_t n = rows.size(), padded = (n + 7) / 8 * 8, heads = h1 - h0;
-  std::vector<float> s(heads * padded, -INFINITY), acc(heads * D, 0.0f), total(heads);
+  static thread_local std::vector<float> s, acc, total;  // reused: no allocation per layer and token
+  s.assign(heads * padded, -INFINITY), acc.assign(heads * D, 0.0f), total.resize(heads);
   for (int64_t j0 = 0; j0 < n; j0 += KEY_TILE)
     for (int64_t h = 0; h < heads; ++h)
       scores(q + (h0 + h) * D, kh, kstride, rows.data() + j0, std::min(KEY_TILE, n - j0), D, scale, s.data() + h * padded + j0);
