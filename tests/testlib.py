@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specdecode.models.config import ModelConfig
@@ -82,6 +83,50 @@ def perturbed_copy(model: Transformer, noise: float, seed: int, max_positions: i
         base = source[name].data.float()
         param.data = (base + noise * base.abs().mean() * torch.randn(base.shape, generator=gen)).to(param.dtype)
     return copy
+
+
+# The block types of a Q4_K_M file (as the default target's): Q4_K for most matrices, Q6_K for V, down and head.
+KQUANT_LAYOUT = {"qkv": ("Q4_K", "Q4_K", "Q6_K"), "out_proj": ("Q4_K",), "gate_up": ("Q4_K", "Q4_K"),
+                 "down": ("Q6_K",), "lm_head": ("Q6_K",)}
+
+
+def random_kquant_blocks(name: str, rows: int, cols: int, gen: np.random.Generator) -> np.ndarray:
+    """[rows, bytes] of random Q4_K or Q6_K blocks whose weights have mean ~0 and std ~0.25.
+
+    gguf-py cannot quantize to k-quants, so the blocks are random bytes with the float16 super-block
+    scales set: Q4_K's min scale is 7.5x its scale, which centres d*sc*q - dmin*m on zero."""
+    import gguf
+
+    _, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+    blocks = gen.integers(0, 256, size=(rows * cols // 256, block_bytes), dtype=np.uint8)
+    d = gen.uniform(0.8, 1.2, size=len(blocks))
+    fields = {"Q4_K": [(0, 1e-3 * d), (2, 7.5e-3 * d)], "Q6_K": [(208, 1.8e-4 * d)]}[name]
+    for offset, value in fields:
+        blocks[:, offset : offset + 2] = value.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def kquant_model(seed: int, arch: str = "qwen2") -> tuple[Transformer, dict]:
+    """A tiny model whose matrices are random Q4_K/Q6_K blocks: (float32 model with the dequantized weights,
+    {matrix key: [(ggml type, blocks)]} for `loader._to_quant_weights`). Dimensions are multiples of 256,
+    the k-quant block length."""
+    import gguf
+
+    model = make_tiny_model(seed=seed, arch=arch, hidden_size=256, intermediate_size=256, n_heads=4,
+                            n_kv_heads=2, head_dim=64)
+    c, gen = model.config, np.random.default_rng(seed)
+    rows = {"qkv": (c.q_size, c.kv_size, c.kv_size), "out_proj": (c.hidden_size,),
+            "gate_up": (c.intermediate_size, c.intermediate_size), "down": (c.hidden_size,), "lm_head": (c.vocab_size,)}
+    blocks = {}
+    for key, param in model.named_parameters():
+        name = key.rpartition(".")[2]
+        if name not in KQUANT_LAYOUT:
+            continue
+        parts = [(t, random_kquant_blocks(t, n, param.shape[1], gen)) for t, n in zip(KQUANT_LAYOUT[name], rows[name])]
+        dense = [gguf.quants.dequantize(b, gguf.GGMLQuantizationType[t]) for t, b in parts]
+        param.data = torch.from_numpy(np.concatenate(dense)).float()
+        blocks[key] = [(int(gguf.GGMLQuantizationType[t]), torch.from_numpy(b)) for t, b in parts]
+    return model, blocks
 
 
 # --------------------------------------------------------------------------- fake tokenizer

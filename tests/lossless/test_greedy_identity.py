@@ -25,6 +25,7 @@ from testlib import (
     as_loaded,
     divergence_report,
     fake_tokenizer,
+    kquant_model,
     make_tiny_model,
     perturbed_copy,
     reference_greedy,
@@ -81,8 +82,20 @@ def int8_models(arch: str):
     return int8_target, strong, weak
 
 
+@functools.lru_cache(maxsize=None)
+def kquant_models(arch: str):
+    """A target of random Q4_K/Q6_K blocks (the default target's block types) times int8 activations; the
+    strong draft is its dequantized float32 copy, the weak one an unrelated model."""
+    from specdecode.models.loader import _to_quant_weights
+
+    dense, blocks = kquant_model(seed=3, arch=arch)
+    target = perturbed_copy(dense, noise=0.0, seed=0)
+    _to_quant_weights(target, blocks)
+    return target, dense, kquant_model(seed=56, arch=arch)[0]
+
+
 def models_for(arch: str, precision: str):
-    return int8_models(arch) if precision == "int8" else models(arch)
+    return {"int8": int8_models, "kquant": kquant_models}.get(precision, models)(arch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,6 +183,22 @@ def test_int8_target_speculative_equals_its_autoregressive(arch, kind, k):
     # the stop rule depends on measured timings. Every other case must have drafted.
     assert result.stats.drafted > 0 or (kind == "weak" and k == "auto")
     if kind == "strong":  # accepted runs, not only rejections, went through the verify path
+        assert result.stats.accepted > 0
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 8, 15, 16, "auto"])
+@pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "tree", "oracle"])
+def test_kquant_target_speculative_equals_its_autoregressive(kind, k):
+    """The same on Q4_K and Q6_K blocks, the default target's types, whose verify blocks take the k-quant
+    tiles (up to 16 tokens per pass over a weight block) and the repacked Q4_K layout."""
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    assert kernels.Q4_K_UNPACKED in kquant_models("qwen2")[0].layers[0].qkv.types
+    result = check_identity("qwen2", kind, k, precision="kquant")
+    assert result.stats.drafted > 0 or (kind == "weak" and k == "auto")
+    if kind in ("strong", "oracle"):
         assert result.stats.accepted > 0
 
 
