@@ -22,6 +22,7 @@ from .native import KERNEL_CFLAGS, KERNEL_HEADERS, KERNEL_SOURCES, kernel_build_
 from .weights import (
     GGUF_KERNEL_TYPES,
     Q4_K_UNPACKED,
+    Q4_K_X16,
     Q8_0,
     QUANT_ISA,
     QUANT_KERNEL_TYPES,

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "avx2_math.h"
@@ -125,6 +126,7 @@ torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts
     const auto& p = parts[i];
     TORCH_CHECK(p.scalar_type() == at::kByte && p.dim() == 2 && p.is_contiguous(), "quant_linear: parts must be contiguous uint8 matrices");
     TORCH_CHECK(in % qk == 0 && p.size(1) == in / qk * bytes, "quant_linear: row size does not match the input size");
+    TORCH_CHECK(types[i] != qd_avx2::Q4_K_X16 || p.size(0) % 16 == 0, "quant_linear: interleaved Q4_K in groups of 16 rows");
     (is_k_type(types[i]) ? need_k : need_32) = true;
     ptrs.push_back(p.data_ptr<uint8_t>());
     rows_of.push_back(p.size(0));
@@ -183,6 +185,48 @@ torch::Tensor repack_q4k_cpu(torch::Tensor blocks) {
       memcpy(dst, blk, 4);
       memcpy(dst + 4, sm, 16);
       memcpy(dst + 20, blk + 16, 128);
+    }
+  });
+  return out;
+}
+
+// Q4KR blocks [rows, n * 148] (rows a multiple of 16) to the Q4_K_X16 layout (see Q4KX16 in quant_dot_impl.h), the
+// same size; to_x16 false converts back (for selecting rows). Every byte moves, none changes.
+torch::Tensor interleave_q4k_cpu(torch::Tensor blocks, bool to_x16) {
+  using X = qd_avx2::Q4KX16;
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.size(1) % 148 == 0 && blocks.size(0) % 16 == 0,
+              "interleave_q4k: uint8 [16k rows, 148n] Q4_K_UNPACKED blocks expected");
+  auto src = blocks.contiguous();
+  auto out = torch::empty_like(src);
+  const int64_t n = src.size(1) / 148, groups = src.size(0) / 16;
+  const uint8_t* in = src.data_ptr<uint8_t>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  at::parallel_for(0, groups * n, 256, [&](int64_t b, int64_t e) {
+    for (int64_t gb = b; gb < e; ++gb) {
+      const int64_t g = gb / n, blk = gb % n;
+      uint8_t* x = (to_x16 ? op : const_cast<uint8_t*>(in)) + gb * X::GROUP_BYTES;
+      for (int r = 0; r < 16; ++r) {
+        uint8_t* row = (to_x16 ? const_cast<uint8_t*>(in) : op) + ((g * 16 + r) * n + blk) * 148;
+        // (Q4KR offset, X16 offset) of each byte of this row's block
+        auto move = [&](int64_t from, int64_t to) { if (to_x16) x[to] = row[from]; else row[from] = x[to]; };
+        for (int i = 0; i < 2; ++i) move(i, X::D + 2 * r + i), move(2 + i, X::DMIN + 2 * r + i);
+        for (int j = 0; j < 8; ++j) move(4 + j, X::SCALES + 16 * j + r), move(12 + j, X::MINS + 32 * (j / 2) + 2 * r + j % 2);
+        // column w of the block: byte 32 * (w / 64) + w % 32 of the quants, high nibble where (w / 32) is odd
+        for (int c = 0; c < 32; ++c)
+          for (int i = 0; i < 4; ++i) {
+            const int lo_col = 8 * c + i, hi_col = 8 * c + 4 + i;
+            uint8_t& packed = x[X::QS + 64 * c + 4 * r + i];
+            uint8_t* lo_byte = row + 20 + 32 * (lo_col / 64) + lo_col % 32;
+            uint8_t* hi_byte = row + 20 + 32 * (hi_col / 64) + hi_col % 32;
+            const int lo_shift = (lo_col / 32) % 2 * 4, hi_shift = (hi_col / 32) % 2 * 4;
+            if (to_x16) {
+              packed = (uint8_t)(((*lo_byte >> lo_shift) & 15) | (((*hi_byte >> hi_shift) & 15) << 4));
+            } else {
+              *lo_byte = (uint8_t)((*lo_byte & ~(15 << lo_shift)) | ((packed & 15) << lo_shift));
+              *hi_byte = (uint8_t)((*hi_byte & ~(15 << hi_shift)) | ((packed >> 4) << hi_shift));
+            }
+          }
+      }
     }
   });
   return out;

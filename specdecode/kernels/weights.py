@@ -23,21 +23,29 @@ Q8_0, Q4_K = 8, 12
 # Not a ggml type: Q4_K with its packed 6-bit scales and mins unpacked to bytes at load (148 bytes a
 # block instead of 144), which the kernel multiplies with fewer instructions and the same bits.
 Q4_K_UNPACKED = 112
-_INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148)}  # weights and bytes per block
+# Not a ggml type either: Q4_K_UNPACKED with each group of 16 rows interleaved, so one instruction multiplies
+# 16 rows at once and a verify block's tokens share every unpacked weight vector (the same bits again).
+Q4_K_X16 = 113
+_INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148)}  # weights and bytes per (row) block
 # The int8 kernel's instruction set: "auto" picks AVX-512 VNNI where the CPU has it, else AVX2. Both give
 # the same bits; SPECDECODE_ISA=avx2 forces the AVX2 path (for A/B timing).
 QUANT_ISA = os.environ.get("SPECDECODE_ISA", "auto")
 
 
 def _unpack_q4_k(block_type: int, blocks: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """Q4_K blocks as Q4_K_UNPACKED (the kernel's faster layout, same results); other types unchanged."""
+    """Q4_K blocks in the kernel's faster layouts (same results): Q4_K_X16 where the rows come in groups of
+    16, else Q4_K_UNPACKED; other types unchanged."""
     if block_type != Q4_K or not UNPACK_Q4_K:
         return block_type, blocks
-    return Q4_K_UNPACKED, load_kernel().repack_q4k(blocks)
+    unpacked = load_kernel().repack_q4k(blocks)
+    if INTERLEAVE_Q4_K and blocks.shape[0] % 16 == 0:
+        return Q4_K_X16, load_kernel().interleave_q4k(unpacked, True)
+    return Q4_K_UNPACKED, unpacked
 
 
-# Off: Q4_K matrices stay in their GGUF layout (for the test that the two layouts give the same bits).
+# Off: Q4_K matrices stay in their GGUF layout (for the tests that the layouts give the same bits).
 UNPACK_Q4_K = True
+INTERLEAVE_Q4_K = True
 
 
 class QuantWeight:
@@ -70,7 +78,10 @@ class QuantWeight:
         """Whole rows (the draft's frequent-vocabulary head): from one part only."""
         if dim != 0 or len(self.parts) != 1:
             raise ValueError("QuantWeight selects whole rows of a one-part matrix only")
-        return QuantWeight([(self.types[0], self.parts[0].index_select(0, index))])
+        block_type, blocks = self.types[0], self.parts[0]
+        if block_type == Q4_K_X16:  # rows back out of their groups of 16
+            block_type, blocks = Q4_K_UNPACKED, load_kernel().interleave_q4k(blocks, False)
+        return QuantWeight([(block_type, blocks.index_select(0, index))])
 
     def contiguous(self) -> "QuantWeight":
         return self

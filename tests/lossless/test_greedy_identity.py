@@ -190,12 +190,12 @@ def test_int8_target_speculative_equals_its_autoregressive(arch, kind, k):
 @pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "tree", "oracle"])
 def test_kquant_target_speculative_equals_its_autoregressive(kind, k):
     """The same on Q4_K and Q6_K blocks, the default target's types, whose verify blocks take the k-quant
-    tiles (up to 16 tokens per pass over a weight block) and the repacked Q4_K layout."""
+    tiles (up to 16 tokens per pass over a weight block) and the interleaved Q4_K layout."""
     from specdecode import kernels
 
     if kernels.load_kernel() is None:
         pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
-    assert kernels.Q4_K_UNPACKED in kquant_models("qwen2")[0].layers[0].qkv.types
+    assert kernels.Q4_K_X16 in kquant_models("qwen2")[0].layers[0].qkv.types
     result = check_identity("qwen2", kind, k, precision="kquant")
     assert result.stats.drafted > 0 or (kind == "weak" and k == "auto")
     if kind in ("strong", "oracle"):

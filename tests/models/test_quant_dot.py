@@ -125,11 +125,46 @@ def test_unpacked_q4_k_gives_the_q4_k_bits(kernel):
     assert not torch.equal(run(kernel, x[:1], broken), run(kernel, x[:1], parts))
 
 
+def test_interleaved_q4_k_gives_the_q4_k_bits(kernel):
+    """Q4_K in groups of 16 interleaved rows (kernels.Q4_K_X16): every row count 1..16 and path gives the bits of
+    the GGUF layout, and the interleave undoes exactly. A layout with two rows' scales swapped must fail."""
+    parts, _ = make_parts(("Q4_K", "Q6_K"), 80, 768, seed=11)  # 80 rows: groups split across chunks and threads
+    unpacked = kernel.repack_q4k(parts[0][1])
+    x16 = kernel.interleave_q4k(unpacked, True)
+    assert torch.equal(kernel.interleave_q4k(x16, False), unpacked)
+    interleaved = [(kernels.Q4_K_X16, x16), parts[1]]
+    x = torch.randn(16, 768, generator=torch.Generator().manual_seed(4)) * 3
+    for isa in isa_paths(kernel):
+        for rows in range(1, 17):
+            assert torch.equal(run(kernel, x[:rows], interleaved, isa), run(kernel, x[:rows], parts, isa)), (isa, rows)
+    swapped = x16.clone().view(-1, 16 * 148)
+    swapped[0, [64, 65]] = swapped[0, [65, 64]]  # sub-block 0's scale of rows 0 and 1, first group and block
+    broken = [(kernels.Q4_K_X16, swapped.view(x16.shape)), parts[1]]
+    for isa in isa_paths(kernel):
+        assert not torch.equal(run(kernel, x[:1], broken, isa), run(kernel, x[:1], parts, isa))
+
+
+def test_the_interleaved_row_check_fails_when_one_rows_summation_order_changes(kernel):
+    parts, _ = make_parts(("Q4_K",), 32, 768, seed=12)
+    interleaved = [(kernels.Q4_K_X16, kernel.interleave_q4k(kernel.repack_q4k(parts[0][1]), True))]
+    x = torch.randn(9, 768, generator=torch.Generator().manual_seed(2))
+    for isa in isa_paths(kernel):
+        alone = torch.cat([run(kernel, x[i : i + 1], interleaved, isa) for i in range(9)])
+        broken = run(kernel, x, interleaved, isa, perturb=3)
+        assert torch.equal(broken[:3], alone[:3]) and torch.equal(broken[4:], alone[4:])
+        assert not torch.equal(broken[3], alone[3])
+
+
 def test_quant_weight_unpacks_q4_k(kernel):
     parts, _ = make_parts(("Q4_K",), 64, 512, seed=9)
     weight = kernels.QuantWeight(parts)
-    assert weight.types == [kernels.Q4_K_UNPACKED] and weight.shape == (64, 512)
-    assert weight.index_select(0, torch.tensor([3, 1])).shape == (2, 512)
+    assert weight.types == [kernels.Q4_K_X16] and weight.shape == (64, 512)
+    picked = weight.index_select(0, torch.tensor([3, 1]))
+    assert picked.types == [kernels.Q4_K_UNPACKED] and picked.shape == (2, 512)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(picked.matmul(x), weight.matmul(x)[:, [3, 1]])
+    odd = kernels.QuantWeight(make_parts(("Q4_K",), 40, 512, seed=9)[0])
+    assert odd.types == [kernels.Q4_K_UNPACKED]  # not a multiple of 16 rows: not interleaved
 
 
 def test_results_do_not_depend_on_the_thread_count(kernel):
