@@ -126,7 +126,8 @@ torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts
     const auto& p = parts[i];
     TORCH_CHECK(p.scalar_type() == at::kByte && p.dim() == 2 && p.is_contiguous(), "quant_linear: parts must be contiguous uint8 matrices");
     TORCH_CHECK(in % qk == 0 && p.size(1) == in / qk * bytes, "quant_linear: row size does not match the input size");
-    TORCH_CHECK(types[i] != qd_avx2::Q4_K_X16 || p.size(0) % 16 == 0, "quant_linear: interleaved Q4_K in groups of 16 rows");
+    TORCH_CHECK((types[i] != qd_avx2::Q4_K_X16 && types[i] != qd_avx2::Q6_K_X16) || p.size(0) % 16 == 0,
+                "quant_linear: interleaved blocks come in groups of 16 rows");
     (is_k_type(types[i]) ? need_k : need_32) = true;
     ptrs.push_back(p.data_ptr<uint8_t>());
     rows_of.push_back(p.size(0));
@@ -190,42 +191,56 @@ torch::Tensor repack_q4k_cpu(torch::Tensor blocks) {
   return out;
 }
 
-// Q4KR blocks [rows, n * 148] (rows a multiple of 16) to the Q4_K_X16 layout (see Q4KX16 in quant_dot_impl.h), the
-// same size; to_x16 false converts back (for selecting rows). Every byte moves, none changes.
-torch::Tensor interleave_q4k_cpu(torch::Tensor blocks, bool to_x16) {
+// Where each bit field of one row's block lies in the interleaved group block of its 16 rows: f(row offset,
+// shift, group-block offset, shift, bits) for every field of row r.
+template <class F>
+void q4k_fields(int r, F&& f) {  // from Q4KR: d, dmin, 8 scale bytes, 8 min bytes, 128 bytes of nibbles
   using X = qd_avx2::Q4KX16;
-  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.size(1) % 148 == 0 && blocks.size(0) % 16 == 0,
-              "interleave_q4k: uint8 [16k rows, 148n] Q4_K_UNPACKED blocks expected");
+  for (int i = 0; i < 2; ++i) f(i, 0, X::D + 2 * r + i, 0, 8), f(2 + i, 0, X::DMIN + 2 * r + i, 0, 8);
+  for (int j = 0; j < 8; ++j) f(4 + j, 0, X::SCALES + 16 * j + r, 0, 8), f(12 + j, 0, X::MINS + 32 * (j / 2) + 2 * r + j % 2, 0, 8);
+  for (int w = 0; w < 256; ++w)  // column w: byte 32 * (w / 64) + w % 32, high nibble where w / 32 is odd
+    f(20 + 32 * (w / 64) + w % 32, (w / 32) % 2 * 4, X::QS + 64 * (w / 8) + 4 * r + w % 4, w % 8 / 4 * 4, 4);
+}
+
+template <class F>
+void q6k_fields(int r, F&& f) {  // from Q6_K: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d
+  using X = qd_avx2::Q6KX16;
+  for (int i = 0; i < 2; ++i) f(208 + i, 0, X::D + 2 * r + i, 0, 8);
+  for (int j = 0; j < 16; ++j) f(192 + j, 0, X::PAIRS + X::PAIR_BYTES * (j / 2) + X::SCALES + 2 * r + j % 2, 0, 8);
+  for (int w = 0; w < 256; ++w) {  // half n, quarter t of that half, column l of the quarter; chunk c of pair p
+    const int n = w / 128, t = w % 128 / 32, l = w % 32, p = w / 32, c = w / 8 % 4;
+    const int pair = X::PAIRS + X::PAIR_BYTES * p + 4 * r + w % 4;
+    f(64 * n + 32 * (t & 1) + l, t / 2 * 4, pair + X::QL + 64 * c, w % 8 / 4 * 4, 4);
+    f(128 + 32 * n + l, 2 * t, pair + X::QH + 64 * (c / 2), c % 2 * 4 + w % 8 / 4 * 2, 2);
+  }
+}
+
+// Q4_K_UNPACKED or Q6_K blocks [rows, n * bytes] (rows a multiple of 16) to their interleaved layout (Q4KX16,
+// Q6KX16 in quant_dot_impl.h), the same size; to_x16 false converts back (for selecting rows). Bits move,
+// none changes.
+torch::Tensor interleave_k_cpu(torch::Tensor blocks, int64_t type, bool to_x16) {
+  TORCH_CHECK(type == qd_avx2::Q4_K_UNPACKED || type == 14, "interleave_k: Q4_K_UNPACKED or Q6_K blocks only");
+  const int64_t bytes = type == 14 ? 210 : 148;
+  TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.size(1) % bytes == 0 && blocks.size(0) % 16 == 0,
+              "interleave_k: uint8 [16k rows, n blocks] expected");
   auto src = blocks.contiguous();
-  auto out = torch::empty_like(src);
-  const int64_t n = src.size(1) / 148, groups = src.size(0) / 16;
+  auto out = torch::zeros_like(src);
+  const int64_t n = src.size(1) / bytes, groups = src.size(0) / 16;
   const uint8_t* in = src.data_ptr<uint8_t>();
   uint8_t* op = out.data_ptr<uint8_t>();
   at::parallel_for(0, groups * n, 256, [&](int64_t b, int64_t e) {
     for (int64_t gb = b; gb < e; ++gb) {
       const int64_t g = gb / n, blk = gb % n;
-      uint8_t* x = (to_x16 ? op : const_cast<uint8_t*>(in)) + gb * X::GROUP_BYTES;
+      const int64_t x_at = gb * 16 * bytes;
       for (int r = 0; r < 16; ++r) {
-        uint8_t* row = (to_x16 ? const_cast<uint8_t*>(in) : op) + ((g * 16 + r) * n + blk) * 148;
-        // (Q4KR offset, X16 offset) of each byte of this row's block
-        auto move = [&](int64_t from, int64_t to) { if (to_x16) x[to] = row[from]; else row[from] = x[to]; };
-        for (int i = 0; i < 2; ++i) move(i, X::D + 2 * r + i), move(2 + i, X::DMIN + 2 * r + i);
-        for (int j = 0; j < 8; ++j) move(4 + j, X::SCALES + 16 * j + r), move(12 + j, X::MINS + 32 * (j / 2) + 2 * r + j % 2);
-        // column w of the block: byte 32 * (w / 64) + w % 32 of the quants, high nibble where (w / 32) is odd
-        for (int c = 0; c < 32; ++c)
-          for (int i = 0; i < 4; ++i) {
-            const int lo_col = 8 * c + i, hi_col = 8 * c + 4 + i;
-            uint8_t& packed = x[X::QS + 64 * c + 4 * r + i];
-            uint8_t* lo_byte = row + 20 + 32 * (lo_col / 64) + lo_col % 32;
-            uint8_t* hi_byte = row + 20 + 32 * (hi_col / 64) + hi_col % 32;
-            const int lo_shift = (lo_col / 32) % 2 * 4, hi_shift = (hi_col / 32) % 2 * 4;
-            if (to_x16) {
-              packed = (uint8_t)(((*lo_byte >> lo_shift) & 15) | (((*hi_byte >> hi_shift) & 15) << 4));
-            } else {
-              *lo_byte = (uint8_t)((*lo_byte & ~(15 << lo_shift)) | ((packed & 15) << lo_shift));
-              *hi_byte = (uint8_t)((*hi_byte & ~(15 << hi_shift)) | ((packed >> 4) << hi_shift));
-            }
-          }
+        const int64_t row_at = ((g * 16 + r) * n + blk) * bytes;
+        auto move = [&](int ro, int rs, int xo, int xs, int nbits) {
+          const int mask = (1 << nbits) - 1;
+          if (to_x16) op[x_at + xo] |= (uint8_t)(((in[row_at + ro] >> rs) & mask) << xs);
+          else op[row_at + ro] |= (uint8_t)(((in[x_at + xo] >> xs) & mask) << rs);
+        };
+        if (type == 14) q6k_fields(r, move);
+        else q4k_fields(r, move);
       }
     }
   });

@@ -20,7 +20,8 @@
 #endif
 
 constexpr int64_t Q4_K_UNPACKED = 112;  // not a ggml type: Q4_K repacked by repack_q4k (weights.py: Q4_K_UNPACKED)
-constexpr int64_t Q4_K_X16 = 113;       // not a ggml type: Q4_K with 16 rows interleaved (interleave_q4k, Q4KX16)
+constexpr int64_t Q4_K_X16 = 113;       // not ggml types: Q4_K and Q6_K with 16 rows interleaved (interleave_k,
+constexpr int64_t Q6_K_X16 = 114;       // Q4KX16 and Q6KX16)
 constexpr int MAX_M = 16;  // activation rows per call: a decode step, a verify block, a prefill chunk
 
 // The quantized activations of one call (see quantize_* in quant_dot.cpp).
@@ -502,34 +503,36 @@ void row_tokens(const Act& a, int64_t t, int64_t M, const uint8_t* w, float* y, 
   }
 }
 
-// ---- Q4_K with 16 weight rows interleaved (Q4_K_X16; interleave_q4k in quant_dot.cpp builds it from Q4KR).
-// Each group of 16 rows is stored block after block; one group block (16 x 148 bytes, the size of 16 Q4KR
-// blocks) holds the rows' d and dmin (float16, 16 each), their scales [8 sub-blocks][16 rows] and mins
-// [4 pairs][16 rows][2] as bytes, then 32 chunks of 64 bytes: chunk c, bytes 4r..4r+3 hold columns 8c..8c+3 of
-// row r in their low nibbles and columns 8c+4..8c+7 in their high nibbles. One byte-dot instruction then
-// multiplies four columns of 16 rows by four activation bytes broadcast, so a row's sum builds up in its own
-// lane: no horizontal reduction, and every token of a verify block reuses each unpacked weight vector.
-// The integers (sub-block sums times scales, mins times sums of 32 activations) and the float operations
-// per block are those of tile() and tile_one(), so every row gets the bits Q4_K gives it.
-struct Q4KX16 {
-  static constexpr int QK = 256, BYTES = 148, ROWS = 16, GROUP_BYTES = 16 * 148;
-  static constexpr int D = 0, DMIN = 32, SCALES = 64, MINS = 192, QS = 320;  // offsets in a group block
-  static constexpr bool K = true, SIGNED = false, OFFSET = true;
-};
+// ---- Interleaved k-quants: Q4_K and Q6_K with each group of 16 weight rows stored together (Q4_K_X16 and
+// Q6_K_X16, built at load by interleave_k in quant_dot.cpp). A group is stored block after block, and in a
+// group block the quants come in chunks of 64 bytes: chunk c, bytes 4r..4r+3 hold columns 8c..8c+3 of row r
+// (low nibbles) and 8c+4..8c+7 (high nibbles). One byte-dot instruction then multiplies four columns of 16
+// rows by four activation bytes broadcast, so each row's sum builds up in its own vector lane: no horizontal
+// reductions, and every token of a verify block reuses each unpacked weight vector. The integers and the
+// float operations per block are those of tile() and tile_one(), so every row keeps the bits its GGUF
+// layout gives it.
 
 #if QD_VNNI
 using XI = __m512i;
 using XF = __m512;
 constexpr int XL = 16;  // rows per vector
 static inline XI x_load(const uint8_t* p) { return _mm512_loadu_si512(p); }
-static inline XI x_and15(XI v) { return _mm512_and_si512(v, _mm512_set1_epi8(15)); }
-static inline XI x_high(XI v) { return _mm512_srli_epi16(v, 4); }
+static inline XI x_and(XI v, int8_t mask) { return _mm512_and_si512(v, _mm512_set1_epi8(mask)); }
+static inline XI x_or(XI a, XI b) { return _mm512_or_si512(a, b); }
+template <int N> static inline XI x_shl16(XI v) {  // N < 0: logical right shift
+  if constexpr (N > 0) return _mm512_slli_epi16(v, N); else return _mm512_srli_epi16(v, -N);
+}
+template <int N> static inline XI x_shl32(XI v) {  // N < 0: arithmetic right shift
+  if constexpr (N > 0) return _mm512_slli_epi32(v, N); else return _mm512_srai_epi32(v, -N);
+}
 static inline XI x_zero() { return _mm512_setzero_si512(); }
 static inline XI x_bcast4(const void* p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 static inline XI x_add(XI a, XI b) { return _mm512_add_epi32(a, b); }
+static inline XI x_sub(XI a, XI b) { return _mm512_sub_epi32(a, b); }
 static inline XI x_pairs(XI acc, XI w16, const int16_t* x) { return _mm512_dpwssd_epi32(acc, w16, x_bcast4(x)); }
-static inline XI x_scales(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
-static inline XI x_mins(const uint8_t* p) { return _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p)); }
+static inline XI x_u8_to_32(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
+static inline XI x_u8_to_16(const uint8_t* p) { return _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p)); }
+static inline XI x_i8_to_16(const uint8_t* p) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)p)); }
 static inline XF x_halfs(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 static inline XF x_cvt(XI v) { return _mm512_cvtepi32_ps(v); }
 static inline XF x_set1(float v) { return _mm512_set1_ps(v); }
@@ -538,30 +541,41 @@ static inline XF x_fma(XF a, XF b, XF c) { return _mm512_fmadd_ps(a, b, c); }
 static inline XF x_loadf(const float* p) { return _mm512_load_ps(p); }
 static inline void x_storef(float* p, XF v) { _mm512_store_ps(p, v); }
 static inline XF x_addf(XF a, XF b) { return _mm512_add_ps(a, b); }
-// One sub-block (32 columns) of one token: the 16 rows' exact sums, times their scales, added to s.
-static inline XI x_sub_block(XI s, const XI* lo, const XI* hi, XI scales, const int8_t* x) {
+// A scale per lane, in the form x_dot_scaled multiplies by.
+static inline XI x_scale_form(XI s32) { return s32; }
+// The exact sums of N chunks (8N columns) of one token for 16 rows, times the rows' scales. FIT: chunks
+// whose products fit int16 together on the AVX2 path (unused here: VNNI sums in int32).
+template <int N, int FIT>
+static inline XI x_dot_scaled(const XI* lo, const XI* hi, const int8_t* x, XI scales) {
   XI p0 = x_zero(), p1 = x_zero();
-  for (int c = 0; c < 4; ++c) {
+  for (int c = 0; c < N; ++c) {
     p0 = _mm512_dpbusd_epi32(p0, lo[c], x_bcast4(x + 8 * c));
     p1 = _mm512_dpbusd_epi32(p1, hi[c], x_bcast4(x + 8 * c + 4));
   }
-  return x_add(s, _mm512_mullo_epi32(x_add(p0, p1), scales));  // |sum| <= 32 * 15 * 127: int32, not int16
+  return _mm512_mullo_epi32(x_add(p0, p1), scales);  // |sum| <= 16 * 63 * 127: int32
 }
-static inline XI x_sub_scales(const uint8_t* p) { return x_scales(p); }
 constexpr int X16_TOKENS = 16;  // s[16], 8 weight vectors and the scales fit the 32 registers
 #else
 using XI = __m256i;
 using XF = __m256;
 constexpr int XL = 8;
 static inline XI x_load(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
-static inline XI x_and15(XI v) { return _mm256_and_si256(v, _mm256_set1_epi8(15)); }
-static inline XI x_high(XI v) { return _mm256_srli_epi16(v, 4); }
+static inline XI x_and(XI v, int8_t mask) { return _mm256_and_si256(v, _mm256_set1_epi8(mask)); }
+static inline XI x_or(XI a, XI b) { return _mm256_or_si256(a, b); }
+template <int N> static inline XI x_shl16(XI v) {  // N < 0: logical right shift
+  if constexpr (N > 0) return _mm256_slli_epi16(v, N); else return _mm256_srli_epi16(v, -N);
+}
+template <int N> static inline XI x_shl32(XI v) {  // N < 0: arithmetic right shift
+  if constexpr (N > 0) return _mm256_slli_epi32(v, N); else return _mm256_srai_epi32(v, -N);
+}
 static inline XI x_zero() { return _mm256_setzero_si256(); }
 static inline XI x_bcast4(const void* p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 static inline XI x_add(XI a, XI b) { return _mm256_add_epi32(a, b); }
+static inline XI x_sub(XI a, XI b) { return _mm256_sub_epi32(a, b); }
 static inline XI x_pairs(XI acc, XI w16, const int16_t* x) { return x_add(acc, _mm256_madd_epi16(w16, x_bcast4(x))); }
-static inline XI x_scales(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
-static inline XI x_mins(const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p)); }
+static inline XI x_u8_to_32(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
+static inline XI x_u8_to_16(const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p)); }
+static inline XI x_i8_to_16(const uint8_t* p) { return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)p)); }
 static inline XF x_halfs(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
 static inline XF x_cvt(XI v) { return _mm256_cvtepi32_ps(v); }
 static inline XF x_set1(float v) { return _mm256_set1_ps(v); }
@@ -570,65 +584,119 @@ static inline XF x_fma(XF a, XF b, XF c) { return _mm256_fmadd_ps(a, b, c); }
 static inline XF x_loadf(const float* p) { return _mm256_load_ps(p); }
 static inline void x_storef(float* p, XF v) { _mm256_store_ps(p, v); }
 static inline XF x_addf(XF a, XF b) { return _mm256_add_ps(a, b); }
-// Without VNNI: byte pairs into int16 (2 * 15 * 127), the 8 products of a sub-block column summed in int16
-// (8 * 15 * 127 < 32768), then one word multiply-add with the scale in both words of each lane.
-static inline XI x_sub_block(XI s, const XI* lo, const XI* hi, XI scales16, const int8_t* x) {
-  __m256i w = _mm256_maddubs_epi16(lo[0], x_bcast4(x));
-  w = _mm256_add_epi16(w, _mm256_maddubs_epi16(hi[0], x_bcast4(x + 4)));
-  for (int c = 1; c < 4; ++c) {
-    w = _mm256_add_epi16(w, _mm256_maddubs_epi16(lo[c], x_bcast4(x + 8 * c)));
-    w = _mm256_add_epi16(w, _mm256_maddubs_epi16(hi[c], x_bcast4(x + 8 * c + 4)));
-  }
-  return x_add(s, _mm256_madd_epi16(w, scales16));
+static inline XI x_scale_form(XI s32) {  // the scale in both 16-bit halves of its lane, for madd
+  return _mm256_or_si256(_mm256_and_si256(s32, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(s32, 16));
 }
-static inline XI x_sub_scales(const uint8_t* p) {  // the scale in both 16-bit halves of its row's lane
-  const XI s = x_scales(p);
-  return _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
+// Without VNNI: byte pairs into int16, FIT chunks summed in int16 (their products fit), then one word
+// multiply-add with the scales per FIT chunks.
+template <int N, int FIT>
+static inline XI x_dot_scaled(const XI* lo, const XI* hi, const int8_t* x, XI scales) {
+  XI s = x_zero();
+  for (int c0 = 0; c0 < N; c0 += FIT) {
+    __m256i w = _mm256_setzero_si256();
+    for (int c = c0; c < c0 + FIT; ++c) {
+      w = _mm256_add_epi16(w, _mm256_maddubs_epi16(lo[c], x_bcast4(x + 8 * c)));
+      w = _mm256_add_epi16(w, _mm256_maddubs_epi16(hi[c], x_bcast4(x + 8 * c + 4)));
+    }
+    s = x_add(s, _mm256_madd_epi16(w, scales));
+  }
+  return s;
 }
 constexpr int X16_TOKENS = 4;  // 16 registers
 #endif
 
+// Each interleaved type gives, for half h of a group block (all 16 rows with AVX-512, 8 with AVX2), every
+// token's exact block sum s[t] (and offset o[t]), and the rows' float scales d and off_scale.
+struct Q4KX16 {  // d, dmin (float16 x 16), scales [8 sub-blocks][16 rows], mins [4 pairs][16 rows][2], 32 chunks
+  static constexpr int QK = 256, BYTES = 148, ROWS = 16, GROUP_BYTES = 16 * 148;
+  static constexpr int D = 0, DMIN = 32, SCALES = 64, MINS = 192, QS = 320;  // offsets in a group block
+  static constexpr bool K = true, SIGNED = false, OFFSET = true;
+  template <int T>
+  static inline void sums(const uint8_t* g, int h, const Act& a, int64_t first, XI* s, XI* o) {
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {  // sub-block j: 32 columns, chunks 4j..4j+3
+      const XI scales = x_scale_form(x_u8_to_32(g + SCALES + 16 * j + XL * h));
+      XI lo[4], hi[4];
+      for (int c = 0; c < 4; ++c) {
+        const XI v = x_load(g + QS + 64 * (4 * j + c) + 4 * XL * h);
+        lo[c] = x_and(v, 15);
+        hi[c] = x_and(x_shl16<-4>(v), 15);
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t)  // 8 products of 15 * 127 fit int16
+        s[t] = x_add(s[t], x_dot_scaled<4, 4>(lo, hi, a.kq + (first + t) * 256 + 32 * j, scales));
+    }
+    for (int p = 0; p < 4; ++p) {  // the offset: mins times sums of 32 activations, two sub-blocks per step
+      const XI mins = x_u8_to_16(g + MINS + 32 * p + 2 * XL * h);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) o[t] = x_pairs(o[t], mins, a.kbsum32 + (first + t) * 8 + 2 * p);
+    }
+  }
+  static inline XF d(const uint8_t* g, int h) { return x_halfs(g + D + 2 * XL * h); }
+  static inline XF off_scale(const uint8_t* g, int h) { return x_mul(x_halfs(g + DMIN + 2 * XL * h), x_set1(-1.0f)); }
+};
+
+// d (float16 x 16), then per pair p of sub-blocks (2p, 2p+1: 32 columns, chunks 4p..4p+3), in the order the
+// kernel reads them: their scales [16 rows][2] (int8), the 4 chunks of low nibbles, and 2 chunks of high bits:
+// byte 4r+i of high chunk m holds the two high bits of the columns of chunk 2m (bits 0-1 for its low-nibble
+// column, 2-3 for its high-nibble column) and of chunk 2m+1 (bits 4-5, 6-7). One sequential run per block:
+// with the high bits apart from the nibbles, streaming from memory measured much slower.
+struct Q6KX16 {
+  static constexpr int QK = 256, BYTES = 210, ROWS = 16, GROUP_BYTES = 16 * 210;
+  static constexpr int D = 0, PAIRS = 32, PAIR_BYTES = 416, SCALES = 0, QL = 32, QH = 288;  // QL, QH: in a pair
+  static constexpr bool K = true, SIGNED = false, OFFSET = false;
+  template <int T>
+  static inline void sums(const uint8_t* g, int h, const Act& a, int64_t first, XI* s, XI*) {
+    XI fold[T];  // sum over sub-blocks of scale times the sum of its 16 activations: the -32 of every weight
+    for (int t = 0; t < T; ++t) fold[t] = x_zero();
+#pragma GCC unroll 1
+    for (int p = 0; p < 8; ++p) {  // sub-blocks 2p and 2p+1: 32 columns, chunks 4p..4p+3
+      const uint8_t* pp = g + PAIRS + PAIR_BYTES * p;
+      const XI pair = x_i8_to_16(pp + SCALES + 2 * XL * h);  // lane r: the two scales as int16
+      const XI even = x_scale_form(x_shl32<-16>(x_shl32<16>(pair))), odd = x_scale_form(x_shl32<-16>(pair));
+      XI lo[4], hi[4];
+      for (int c = 0; c < 4; ++c) {
+        const XI v = x_load(pp + QL + 64 * c + 4 * XL * h);
+        const XI bits = x_load(pp + QH + 64 * (c / 2) + 4 * XL * h);
+        lo[c] = x_or(x_and(v, 15), x_and(c % 2 ? bits : x_shl16<4>(bits), 0x30));
+        hi[c] = x_or(x_and(x_shl16<-4>(v), 15), x_and(c % 2 ? x_shl16<-2>(bits) : x_shl16<2>(bits), 0x30));
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {  // 2 products of 63 * 127 fit int16, 4 do not
+        const int8_t* x = a.kq + (first + t) * 256 + 32 * p;
+        s[t] = x_add(s[t], x_add(x_dot_scaled<2, 1>(lo, hi, x, even), x_dot_scaled<2, 1>(lo + 2, hi + 2, x + 16, odd)));
+        fold[t] = x_pairs(fold[t], pair, a.kbsum + (first + t) * 16 + 2 * p);
+      }
+    }
+    for (int t = 0; t < T; ++t) s[t] = x_sub(s[t], x_shl32<5>(fold[t]));  // - 32 * fold, exact
+  }
+  static inline XF d(const uint8_t* g, int h) { return x_halfs(g + D + 2 * XL * h); }
+  static inline XF off_scale(const uint8_t*, int) { return x_set1(0.0f); }
+};
+
 // One group of 16 weight rows against tokens t0..t0+T-1 (T <= X16_TOKENS); y[t * ldy + r] for row r.
 // perturb_token: as in tile(), that token's odd blocks summed apart (the tests' broken variant).
-template <int T>
+template <class B, int T>
 void tile_x16(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
-  using B = Q4KX16;
   constexpr int H = B::ROWS / XL;  // vectors per group: 1 with AVX-512, 2 with AVX2
   const int64_t nblk = a.in / B::QK;
   alignas(64) float acc[T][B::ROWS] = {}, off[T][B::ROWS] = {}, odd[T][B::ROWS] = {};
   const bool perturb = perturb_token >= t0 && perturb_token < t0 + T;
   for (int64_t blk = 0; blk < nblk; ++blk) {
     const uint8_t* g = w + blk * B::GROUP_BYTES;
-    // No software prefetch: a group is one long run of 2.3 KB blocks, which the hardware prefetchers follow
-    // (asking for lines ahead, as the one-row types do, measured slower here).
+    // No software prefetch: a group is one long run of blocks read in order, which the hardware prefetchers
+    // follow (asking for lines ahead, as the one-row types do, measured slower here).
     const int64_t first = blk * a.M + t0;  // this block of token t0, block-major
     for (int h = 0; h < H; ++h) {
       XI s[T], o[T];
       for (int t = 0; t < T; ++t) s[t] = o[t] = x_zero();
-#pragma GCC unroll 1
-      for (int j = 0; j < 8; ++j) {
-        const XI scales = x_sub_scales(g + B::SCALES + 16 * j + XL * h);
-        XI lo[4], hi[4];
-        for (int c = 0; c < 4; ++c) {
-          const XI v = x_load(g + B::QS + 64 * (4 * j + c) + 4 * XL * h);
-          lo[c] = x_and15(v);
-          hi[c] = x_and15(x_high(v));
-        }
-#pragma GCC unroll 16
-        for (int t = 0; t < T; ++t) s[t] = x_sub_block(s[t], lo, hi, scales, a.kq + (first + t) * 256 + 32 * j);
-      }
-      for (int p = 0; p < 4; ++p) {  // the offset: mins times sums of 32 activations, two sub-blocks per step
-        const XI mins = x_mins(g + B::MINS + 32 * p + 2 * XL * h);
-#pragma GCC unroll 16
-        for (int t = 0; t < T; ++t) o[t] = x_pairs(o[t], mins, a.kbsum32 + (first + t) * 8 + 2 * p);
-      }
-      const XF d = x_halfs(g + B::D + 2 * XL * h), dmin = x_halfs(g + B::DMIN + 2 * XL * h);
-      const XF off_scale = x_mul(dmin, x_set1(-1.0f));  // exact: tile()'s off_scale = -dmin
+      B::template sums<T>(g, h, a, first, s, o);
+      const XF d = B::d(g, h), off_scale = B::off_scale(g, h);
       for (int t = 0; t < T; ++t) {
         const XF dx = x_set1(a.kd_by_block[blk * (a.M + 8) + t0 + t]);
         float* sink = (perturb && t0 + t == perturb_token && (blk & 1)) ? odd[t] : acc[t];
         x_storef(sink + XL * h, x_fma(x_cvt(s[t]), x_mul(d, dx), x_loadf(sink + XL * h)));
-        x_storef(off[t] + XL * h, x_fma(x_cvt(o[t]), x_mul(off_scale, dx), x_loadf(off[t] + XL * h)));
+        if (B::OFFSET) x_storef(off[t] + XL * h, x_fma(x_cvt(o[t]), x_mul(off_scale, dx), x_loadf(off[t] + XL * h)));
       }
     }
   }
@@ -636,7 +704,7 @@ void tile_x16(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy,
     for (int h = 0; h < H; ++h) {
       XF v = x_loadf(acc[t] + XL * h);
       if (t0 + t == perturb_token) v = x_addf(v, x_loadf(odd[t] + XL * h));
-      const XF r = x_addf(v, x_loadf(off[t] + XL * h));
+      const XF r = x_addf(v, x_loadf(off[t] + XL * h));  // + 0.0f without an offset, as tile() does
       alignas(64) float lanes[XL];
       x_storef(lanes, r);
       memcpy(y + t * ldy + XL * h, lanes, sizeof lanes);
@@ -644,20 +712,23 @@ void tile_x16(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy,
 }
 
 // One group of 16 rows against every token: tiles of X16_TOKENS, then the remainder.
-template <int T = X16_TOKENS>
+template <class B, int T = X16_TOKENS>
 void group_tokens(const Act& a, int64_t t, int64_t M, const uint8_t* w, float* y, int64_t ldy, int64_t perturb) {
   if constexpr (T > 0) {
-    for (; t + T <= M; t += T) tile_x16<T>(a, t, w, y + t * ldy, ldy, perturb);
-    group_tokens<T - 1>(a, t, M, w, y, ldy, perturb);
+    for (; t + T <= M; t += T) tile_x16<B, T>(a, t, w, y + t * ldy, ldy, perturb);
+    group_tokens<B, T - 1>(a, t, M, w, y, ldy, perturb);
   }
 }
+
+template <class B>
+constexpr bool interleaved = std::is_same_v<B, Q4KX16> || std::is_same_v<B, Q6KX16>;
 
 // Output rows [begin, end) of one part (row o of the part at w + o * row bytes, its outputs at y[o]).
 template <class B>
 void run_rows(const Act& a, int64_t M, const uint8_t* w, int64_t begin, int64_t end, float* y, int64_t ldy, int64_t perturb) {
   const int64_t wstride = a.in / B::QK * B::BYTES;
-  if constexpr (std::is_same_v<B, Q4KX16>) {  // whole groups: chunks start and end on multiples of 16 rows
-    for (int64_t o = begin; o < end; o += B::ROWS) group_tokens(a, 0, M, w + o * wstride, y + o, ldy, perturb);
+  if constexpr (interleaved<B>) {  // whole groups: chunks start and end on multiples of 16 rows
+    for (int64_t o = begin; o < end; o += B::ROWS) group_tokens<B>(a, 0, M, w + o * wstride, y + o, ldy, perturb);
   } else {
     for (int64_t o = begin; o < end; ++o) row_tokens<B>(a, 0, M, w + o * wstride, y + o, ldy, perturb);
   }
@@ -674,6 +745,7 @@ bool visit_type(int64_t type, F&& f) {
     case 12: f(Q4K{}); return true;
     case Q4_K_UNPACKED: f(Q4KR{}); return true;
     case Q4_K_X16: f(Q4KX16{}); return true;
+    case Q6_K_X16: f(Q6KX16{}); return true;
     case 14: f(Q6K{}); return true;
     default: return false;
   }
@@ -697,7 +769,7 @@ void run_all(const Act& a, int64_t M, const std::vector<const uint8_t*>& parts, 
     // thread, so that no thread waits long at the end of the call for another's last chunk.
     const int64_t balanced = (rows_of[i] + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
     int64_t rows = std::max<int64_t>(8, std::min(CHUNK_BYTES / row_bytes, balanced));
-    if (types[i] == Q4_K_X16) rows = (rows + Q4KX16::ROWS - 1) / Q4KX16::ROWS * Q4KX16::ROWS;
+    if (types[i] == Q4_K_X16 || types[i] == Q6_K_X16) rows = (rows + 15) / 16 * 16;
     chunk_rows.push_back(rows);
     first_chunk.push_back(first_chunk.back() + (rows_of[i] + chunk_rows[i] - 1) / chunk_rows[i]);
     first_col.push_back(first_col.back() + rows_of[i]);

@@ -15,7 +15,7 @@ std::vector<int64_t> quant_block_types();  // quant_dot.cpp
 std::string quant_isa();  // quant_dot.cpp
 torch::Tensor quantize_q8_0_cpu(torch::Tensor w);  // quant_dot.cpp
 torch::Tensor repack_q4k_cpu(torch::Tensor blocks);  // quant_dot.cpp
-torch::Tensor interleave_q4k_cpu(torch::Tensor blocks, bool to_x16);  // quant_dot.cpp
+torch::Tensor interleave_k_cpu(torch::Tensor blocks, int64_t type, bool to_x16);  // quant_dot.cpp
 torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std::vector<torch::Tensor> qkv_parts,
                            std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias, torch::Tensor cos,
                            torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::string isa);  // int8_layer.cpp
@@ -118,7 +118,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_isa", &quant_isa);
   m.def("quantize_q8_0", &quantize_q8_0_cpu);
   m.def("repack_q4k", &repack_q4k_cpu);
-  m.def("interleave_q4k", &interleave_q4k_cpu);
+  m.def("interleave_k", &interleave_k_cpu);
   m.def("int8_attn_in", &int8_attn_in);
   m.def("int8_attn_out", &int8_attn_out);
   m.def("int8_layer", &int8_layer);

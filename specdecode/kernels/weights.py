@@ -23,29 +23,30 @@ Q8_0, Q4_K = 8, 12
 # Not a ggml type: Q4_K with its packed 6-bit scales and mins unpacked to bytes at load (148 bytes a
 # block instead of 144), which the kernel multiplies with fewer instructions and the same bits.
 Q4_K_UNPACKED = 112
-# Not a ggml type either: Q4_K_UNPACKED with each group of 16 rows interleaved, so one instruction multiplies
-# 16 rows at once and a verify block's tokens share every unpacked weight vector (the same bits again).
-Q4_K_X16 = 113
-_INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148)}  # weights and bytes per (row) block
+# Not ggml types either: Q4_K_UNPACKED and Q6_K with each group of 16 rows interleaved, so one instruction
+# multiplies 16 rows at once and a verify block's tokens share every unpacked weight vector (same bits again).
+Q4_K_X16, Q6_K_X16 = 113, 114
+Q6_K = 14
+_INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148), Q6_K_X16: (256, 210)}  # per (row) block
+_INTERLEAVED = {Q4_K_UNPACKED: Q4_K_X16, Q6_K: Q6_K_X16}
 # The int8 kernel's instruction set: "auto" picks AVX-512 VNNI where the CPU has it, else AVX2. Both give
 # the same bits; SPECDECODE_ISA=avx2 forces the AVX2 path (for A/B timing).
 QUANT_ISA = os.environ.get("SPECDECODE_ISA", "auto")
 
 
-def _unpack_q4_k(block_type: int, blocks: torch.Tensor) -> tuple[int, torch.Tensor]:
-    """Q4_K blocks in the kernel's faster layouts (same results): Q4_K_X16 where the rows come in groups of
-    16, else Q4_K_UNPACKED; other types unchanged."""
-    if block_type != Q4_K or not UNPACK_Q4_K:
-        return block_type, blocks
-    unpacked = load_kernel().repack_q4k(blocks)
-    if INTERLEAVE_Q4_K and blocks.shape[0] % 16 == 0:
-        return Q4_K_X16, load_kernel().interleave_q4k(unpacked, True)
-    return Q4_K_UNPACKED, unpacked
+def _kernel_layout(block_type: int, blocks: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """GGUF blocks in the kernel's faster layouts (same results): Q4_K with its scales unpacked, then Q4_K and Q6_K
+    interleaved where the rows come in groups of 16; other types unchanged."""
+    if block_type == Q4_K and UNPACK_Q4_K:
+        block_type, blocks = Q4_K_UNPACKED, load_kernel().repack_q4k(blocks)
+    if block_type in _INTERLEAVED and INTERLEAVE_K and blocks.shape[0] % 16 == 0:
+        return _INTERLEAVED[block_type], load_kernel().interleave_k(blocks, block_type, True)
+    return block_type, blocks
 
 
-# Off: Q4_K matrices stay in their GGUF layout (for the tests that the layouts give the same bits).
+# Off: the GGUF layouts stay (for the tests that every layout gives the same bits).
 UNPACK_Q4_K = True
-INTERLEAVE_Q4_K = True
+INTERLEAVE_K = True
 
 
 class QuantWeight:
@@ -61,7 +62,7 @@ class QuantWeight:
     def __init__(self, parts: list[tuple[int, torch.Tensor]]):
         import gguf
 
-        parts = [_unpack_q4_k(int(t), blocks) for t, blocks in parts]
+        parts = [_kernel_layout(int(t), blocks) for t, blocks in parts]
         self.types = [t for t, _ in parts]
         self.parts = [blocks.contiguous() for _, blocks in parts]
         weights_per_block, bytes_per_block = _INTERNAL_BLOCKS.get(self.types[0]) or gguf.GGML_QUANT_SIZES[
@@ -79,8 +80,9 @@ class QuantWeight:
         if dim != 0 or len(self.parts) != 1:
             raise ValueError("QuantWeight selects whole rows of a one-part matrix only")
         block_type, blocks = self.types[0], self.parts[0]
-        if block_type == Q4_K_X16:  # rows back out of their groups of 16
-            block_type, blocks = Q4_K_UNPACKED, load_kernel().interleave_q4k(blocks, False)
+        if block_type in (Q4_K_X16, Q6_K_X16):  # rows back out of their groups of 16
+            block_type = Q4_K_UNPACKED if block_type == Q4_K_X16 else Q6_K
+            blocks = load_kernel().interleave_k(blocks, block_type, False)
         return QuantWeight([(block_type, blocks.index_select(0, index))])
 
     def contiguous(self) -> "QuantWeight":

@@ -125,32 +125,45 @@ def test_unpacked_q4_k_gives_the_q4_k_bits(kernel):
     assert not torch.equal(run(kernel, x[:1], broken), run(kernel, x[:1], parts))
 
 
-def test_interleaved_q4_k_gives_the_q4_k_bits(kernel):
-    """Q4_K in groups of 16 interleaved rows (kernels.Q4_K_X16): every row count 1..16 and path gives the bits of
-    the GGUF layout, and the interleave undoes exactly. A layout with two rows' scales swapped must fail."""
-    parts, _ = make_parts(("Q4_K", "Q6_K"), 80, 768, seed=11)  # 80 rows: groups split across chunks and threads
-    unpacked = kernel.repack_q4k(parts[0][1])
-    x16 = kernel.interleave_q4k(unpacked, True)
-    assert torch.equal(kernel.interleave_q4k(x16, False), unpacked)
-    interleaved = [(kernels.Q4_K_X16, x16), parts[1]]
+def interleaved(kernel, parts):
+    """The parts in the kernel's 16-row interleaved layouts (Q4_K via its unpacked form)."""
+    out = []
+    for block_type, blocks in parts:
+        if block_type == 12:
+            block_type, blocks = kernels.Q4_K_UNPACKED, kernel.repack_q4k(blocks)
+        out.append(({kernels.Q4_K_UNPACKED: kernels.Q4_K_X16, 14: kernels.Q6_K_X16}[block_type],
+                    kernel.interleave_k(blocks, block_type, True)))
+    return out
+
+
+def test_interleaved_k_quants_give_the_gguf_bits(kernel):
+    """Q4_K and Q6_K in groups of 16 interleaved rows (kernels.Q4_K_X16, Q6_K_X16): every row count 1..16 and path
+    gives the bits of the GGUF layout, and the interleave undoes exactly. A layout with two rows' scales swapped
+    must fail."""
+    parts, _ = make_parts(("Q4_K", "Q6_K"), 80, 768, seed=11)  # 80 and 83 rows: 83 is not interleaved
+    parts[1] = (parts[1][0], parts[1][1][:80])
+    x16 = interleaved(kernel, parts)
+    assert torch.equal(kernel.interleave_k(x16[0][1], kernels.Q4_K_UNPACKED, False), kernel.repack_q4k(parts[0][1]))
+    assert torch.equal(kernel.interleave_k(x16[1][1], 14, False), parts[1][1])
     x = torch.randn(16, 768, generator=torch.Generator().manual_seed(4)) * 3
     for isa in isa_paths(kernel):
         for rows in range(1, 17):
-            assert torch.equal(run(kernel, x[:rows], interleaved, isa), run(kernel, x[:rows], parts, isa)), (isa, rows)
-    swapped = x16.clone().view(-1, 16 * 148)
-    swapped[0, [64, 65]] = swapped[0, [65, 64]]  # sub-block 0's scale of rows 0 and 1, first group and block
-    broken = [(kernels.Q4_K_X16, swapped.view(x16.shape)), parts[1]]
-    for isa in isa_paths(kernel):
-        assert not torch.equal(run(kernel, x[:1], broken, isa), run(kernel, x[:1], parts, isa))
+            assert torch.equal(run(kernel, x[:rows], x16, isa), run(kernel, x[:rows], parts, isa)), (isa, rows)
+    for i, scale_at in ((0, 64), (1, 32)):  # sub-block 0's scale of rows 0 and 1, first group and block
+        swapped = x16[i][1].clone().view(-1, 16 * x16[i][1].shape[1] // 3)
+        swapped[0, [scale_at, scale_at + 1 + i]] = swapped[0, [scale_at + 1 + i, scale_at]]
+        broken = [(t, swapped.view(b.shape) if j == i else b) for j, (t, b) in enumerate(x16)]
+        for isa in isa_paths(kernel):
+            assert not torch.equal(run(kernel, x[:1], broken, isa), run(kernel, x[:1], parts, isa)), (i, isa)
 
 
-def test_the_interleaved_row_check_fails_when_one_rows_summation_order_changes(kernel):
-    parts, _ = make_parts(("Q4_K",), 32, 768, seed=12)
-    interleaved = [(kernels.Q4_K_X16, kernel.interleave_q4k(kernel.repack_q4k(parts[0][1]), True))]
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_the_interleaved_row_check_fails_when_one_rows_summation_order_changes(kernel, name):
+    x16 = interleaved(kernel, make_parts((name,), 32, 768, seed=12)[0])
     x = torch.randn(9, 768, generator=torch.Generator().manual_seed(2))
     for isa in isa_paths(kernel):
-        alone = torch.cat([run(kernel, x[i : i + 1], interleaved, isa) for i in range(9)])
-        broken = run(kernel, x, interleaved, isa, perturb=3)
+        alone = torch.cat([run(kernel, x[i : i + 1], x16, isa) for i in range(9)])
+        broken = run(kernel, x, x16, isa, perturb=3)
         assert torch.equal(broken[:3], alone[:3]) and torch.equal(broken[4:], alone[4:])
         assert not torch.equal(broken[3], alone[3])
 
@@ -165,6 +178,9 @@ def test_quant_weight_unpacks_q4_k(kernel):
     assert torch.equal(picked.matmul(x), weight.matmul(x)[:, [3, 1]])
     odd = kernels.QuantWeight(make_parts(("Q4_K",), 40, 512, seed=9)[0])
     assert odd.types == [kernels.Q4_K_UNPACKED]  # not a multiple of 16 rows: not interleaved
+    q6 = kernels.QuantWeight(make_parts(("Q6_K",), 48, 512, seed=9)[0])
+    assert q6.types == [kernels.Q6_K_X16]
+    assert torch.equal(q6.index_select(0, torch.tensor([5, 40])).matmul(x), q6.matmul(x)[:, [5, 40]])
 
 
 def test_results_do_not_depend_on_the_thread_count(kernel):
