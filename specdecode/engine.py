@@ -39,6 +39,7 @@ class StreamEvent:
     stats: GenerationStats
     finished: bool = False
     pieces: list[str] = field(default_factory=list)  # per token, its text
+    sources: list[str] = field(default_factory=list)  # per token: the source of an accepted draft token, else ""
 
 
 @dataclass
@@ -48,6 +49,7 @@ class GenerationResult:
     origins: list[str]
     stats: GenerationStats
     prompt_ids: list[int] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # per token: the source of an accepted draft token, else ""
 
     @property
     def finish_reason(self) -> str:
@@ -151,16 +153,17 @@ class Engine:
 
     # ----------------------------------------------------------------- public API
     def generate(self, prompt, **kwargs) -> GenerationResult:
-        text, tokens, origins = [], [], []
+        text, tokens, origins, sources = [], [], [], []
         stats = None
         for event in self.stream(prompt, **kwargs):
             text.append(event.text)
             tokens.extend(event.tokens)
             origins.extend(event.origins)
+            sources.extend(event.sources)
             stats = event.stats
         # A stop string found a step later can end the answer before a token already streamed.
-        del tokens[stats.generated_tokens :], origins[stats.generated_tokens :]
-        return GenerationResult("".join(text), tokens, origins, stats, list(self.last_prompt_ids))
+        del tokens[stats.generated_tokens :], origins[stats.generated_tokens :], sources[stats.generated_tokens :]
+        return GenerationResult("".join(text), tokens, origins, stats, list(self.last_prompt_ids), sources)
 
     def stream(
         self,
@@ -236,12 +239,15 @@ class Engine:
                 stats.record_step(step)
                 if self.check_invariants:
                     self._assert_invariants(sequence, drafter)
-                out = stopper.push(step.tokens, step.origins, cancel=should_stop is not None and should_stop())
+                # which source drafted the accepted tokens: lookup / store / draft for auto, else the drafter
+                sources = [step.draft.source or stats.drafter] * step.accepted + [""]
+                out = stopper.push(step.tokens, step.origins, cancel=should_stop is not None and should_stop(),
+                                   sources=sources)
             stats.generated_tokens, stats.origins = len(stopper.tokens), Counter(stopper.origin_counts)
             stats.time_total = time.perf_counter() - started
             if out.finish is not None:
                 self._finish(stats, out.finish, tuning, drafter, sequence)
-            yield StreamEvent(out.text, out.tokens, out.origins, stats, out.finish is not None, out.pieces)
+            yield StreamEvent(out.text, out.tokens, out.origins, stats, out.finish is not None, out.pieces, out.sources)
             if out.finish is not None:
                 return
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class IncrementalDetokenizer:
@@ -41,6 +41,7 @@ class TextStep:
     origins: list[str]
     pieces: list[str]  # per token, its text (for colouring by origin)
     finish: str | None  # "stop", "length" or "cancelled" once the answer is over
+    sources: list[str] = field(default_factory=list)  # per token: the source of an accepted draft token, else ""
 
 
 class Stopper:
@@ -55,6 +56,7 @@ class Stopper:
         self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.tokens: list[int] = []
         self.origins: list[str] = []
+        self.sources: list[str] = []
         self.starts: list[int] = []  # per token, where its text starts in self.text
         self.origin_counts: Counter = Counter()
         self.text = ""
@@ -65,10 +67,11 @@ class Stopper:
     def budget(self) -> int:
         return self.max_new_tokens - len(self.tokens)
 
-    def push(self, tokens: list[int], origins: list[str], cancel: bool = False) -> TextStep:
-        """Add one step's tokens, in the order the target produced them; cancel ends the answer after them."""
+    def push(self, tokens: list[int], origins: list[str], cancel: bool = False, sources: list[str] | None = None) -> TextStep:
+        """Add one step's tokens, in the order the target produced them; cancel ends the answer after them.
+        sources: per token, which source drafted it (accepted tokens of a multi-source drafter), else ""."""
         first = len(self.tokens)
-        for token, origin in zip(tokens, origins):
+        for token, origin, source in zip(tokens, origins, sources or [""] * len(tokens)):
             if token in self.eos_ids:
                 self.finish = "stop"
                 break
@@ -76,6 +79,7 @@ class Stopper:
             self.text += self.detokenizer.push(token)
             self.tokens.append(token)
             self.origins.append(origin)
+            self.sources.append(source)
             self.origin_counts[origin] += 1
             if len(self.tokens) >= self.max_new_tokens:
                 self.finish = "length"
@@ -84,7 +88,8 @@ class Stopper:
         if self.finish is None and cancel:
             self.finish = "cancelled"
         pieces = [self.text[start:end] for start, end in zip(self.starts[first:], self.starts[first + 1 :] + [len(self.text)])]
-        return TextStep(self._release(), self.tokens[first:], self.origins[first:], pieces, self.finish)
+        return TextStep(self._release(), self.tokens[first:], self.origins[first:], pieces, self.finish,
+                        self.sources[first:])
 
     def end(self, reason: str) -> TextStep:
         """End the answer where it stands (the context is full): hand out what was held back."""
@@ -101,7 +106,7 @@ class Stopper:
         keep = bisect.bisect_left(self.starts, len(self.text))
         self.origin_counts.subtract(self.origins[keep:])
         self.origin_counts = +self.origin_counts  # drop kinds whose count fell to 0
-        del self.tokens[keep:], self.origins[keep:], self.starts[keep:]
+        del self.tokens[keep:], self.origins[keep:], self.sources[keep:], self.starts[keep:]
 
     def _release(self) -> str:
         end = len(self.text) if self.finish is not None else max(self.shown, len(self.text) - self.held_back)

@@ -65,3 +65,11 @@ def test_end_hands_out_what_was_held_back():
     stopper = Stopper(ByteTokenizer(), 100, stops=["STOP"])
     assert push_text(stopper, "abcdef").text == "abc"
     assert stopper.end("length").text == "def" and stopper.finish == "length"
+
+
+def test_sources_follow_their_tokens_and_are_cut_with_them():
+    stopper = Stopper(ByteTokenizer(), 100, stops=["END"])
+    first = stopper.push(list(b"ab E"), ["accepted", "accepted", "accepted", "bonus"], sources=["lookup", "draft", "store", ""])
+    assert first.sources == ["lookup", "draft", "store", ""]
+    stopper.push(list(b"ND"), ["plain", "plain"])  # a drafter without sources: "" per token
+    assert stopper.sources == ["lookup", "draft", "store"]  # cut where the stop string starts, like the tokens

@@ -275,7 +275,7 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             "chat.completion" if kind == "chat" else "text_completion"
 
     async def collect(ticket, gen: GenerationRequest, watch: DisconnectWatch):
-        text, tokens, origins = [], [], []
+        text, tokens, origins, sources = [], [], [], []
         while True:
             message = await watch.wait(ticket.next())
             if message[0] == "error":
@@ -284,6 +284,7 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             text.append(step.text)
             tokens.extend(step.tokens)
             origins.extend(step.origins)
+            sources.extend(step.sources)
             if step.finished:
                 break
         response_id, obj = ids(gen.kind)
@@ -293,7 +294,7 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                       "finish_reason": step.finish_reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": step.finish_reason}
-        extension = {"tokens": tokens, "origins": origins, "stats": step.final_stats.to_dict()}
+        extension = {"tokens": tokens, "origins": origins, "sources": sources, "stats": step.final_stats.to_dict()}
         if step.replica is not None:
             extension["replica"] = step.replica
         return {"id": response_id, "object": obj, "created": int(time.time()), "model": model_name,
@@ -326,8 +327,8 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             step: Step = message[1]
             if not (step.text or step.tokens or step.finished):
                 continue
-            extra = {"specdecode": {"tokens": step.tokens, "origins": step.origins, "pieces": step.pieces,
-                                    "stats": step.stats}}
+            extra = {"specdecode": {"tokens": step.tokens, "origins": step.origins, "sources": step.sources,
+                                    "pieces": step.pieces, "stats": step.stats}}
             if step.replica is not None:
                 extra["specdecode"]["replica"] = step.replica
             if step.finished:

@@ -120,6 +120,7 @@ class Step:
     finish_reason: str | None
     final_stats: object = None  # the engine's GenerationStats, on the last step only
     replica: str | None = None  # which engine replica ran it (a cluster's entry point fills it in)
+    sources: list[str] = field(default_factory=list)  # per token: the source of an accepted draft token, else ""
 
 
 class Scheduler:
@@ -287,7 +288,7 @@ class Scheduler:
         # the server cut at shutdown, for which OpenAI's vocabulary says "length".
         reason = ("length" if stats.finish_reason == "cancelled" else stats.finish_reason) if event.finished else None
         return Step(event.text, list(event.tokens), list(event.origins), list(event.pieces),
-                    stats.brief(), event.finished, reason, stats if event.finished else None)
+                    stats.brief(), event.finished, reason, stats if event.finished else None, sources=list(event.sources))
 
     def _finish(self, job: Job, event: tuple) -> None:
         """Hand the job its last event; from here on a disconnect of its client cancels nothing."""

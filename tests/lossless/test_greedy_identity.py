@@ -8,6 +8,7 @@ a floating-point near-tie from a bug.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 import random
 
 import pytest
@@ -562,3 +563,5 @@ def test_auto_copies_where_the_text_matches_and_drafts_with_the_model_elsewhere(
     by_source = result.stats.accepted_by_source
     assert set(by_source) <= {"lookup", "store", "draft"}
     assert by_source["draft"] > 0 and by_source["lookup"] > 0, by_source
+    accepted_sources = [s for s, o in zip(result.sources, result.origins) if o == "accepted"]
+    assert len(result.sources) == len(result.token_ids) and Counter(accepted_sources) == by_source

@@ -66,7 +66,7 @@ def test_streamed_completion_matches_and_carries_origins(client, reference):
     stream = client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=14, stream=True,
                                        stream_options={"include_usage": True},
                                        extra_body={"speculative": {"drafter": "draft", "k": 3}}, **GREEDY)
-    text, tokens, origins, pieces, finish, usage = [], [], [], [], None, None
+    text, tokens, origins, sources, pieces, finish, usage = [], [], [], [], [], None, None
     for chunk in stream:
         if chunk.choices:
             text.append(chunk.choices[0].text)
@@ -75,6 +75,7 @@ def test_streamed_completion_matches_and_carries_origins(client, reference):
         if info:
             tokens += info["tokens"]
             origins += info["origins"]
+            sources += info["sources"]
             pieces += info["pieces"]
         if chunk.usage:
             usage = chunk.usage
@@ -82,6 +83,8 @@ def test_streamed_completion_matches_and_carries_origins(client, reference):
     assert tokens == expected.token_ids and "".join(pieces) == expected.text
     assert set(origins) <= {"accepted", "recovered", "bonus", "plain"} and "accepted" in origins
     assert usage.completion_tokens == 14 and usage.model_extra["accepted"] == origins.count("accepted")
+    # the draft model drafted every accepted token; the target's own tokens have no source
+    assert sources == ["draft" if origin == "accepted" else "" for origin in origins]
 
 
 def test_streamed_chat_deltas(client, reference):

@@ -61,6 +61,9 @@ def test_generate_colours_tokens_and_shows_stats(live_server, page):
     classes = [spans.nth(i).get_attribute("class") for i in range(spans.count())]
     origins = {c.split()[1] for c in classes}
     assert origins <= {"accepted", "recovered", "bonus", "plain"} and origins & {"accepted", "bonus"}, classes
+    # accepted tokens are coloured by their source: here the draft model drafted them all
+    assert all(c.split()[2:] == ["from-model"] for c in classes if c.split()[1] == "accepted"), classes
+    assert page.locator(".legend .tok.from-store").count() == 1
     assert page.text_content("#output").startswith("\n    ")  # the function body, whitespace intact
     assert re.fullmatch(r"\d\.\d\d", page.text_content("#alpha")), page.text_content("#alpha")
     assert re.fullmatch(r"\d+\.\d\d", page.text_content("#tau"))
