@@ -11,7 +11,10 @@ from .bench.prompts import SUITES
 from .build import build_engine, parse_k
 from .errors import SpecDecodeError
 
-COLOURS = {"accepted": "\033[32m", "recovered": "\033[33m", "bonus": "\033[36m", "plain": ""}
+# accepted: copied from text (green) or proposed by a draft model (magenta); the target's own tokens after
+COLOURS = {"accepted": "\033[32m", "accepted (draft model)": "\033[35m", "recovered": "\033[33m", "bonus": "\033[36m",
+           "plain": ""}
+COPY_SOURCES = frozenset({"lookup", "store", "suffix"})
 RESET = "\033[0m"
 
 
@@ -75,14 +78,15 @@ def cmd_generate(args) -> int:
     for event in stream:
         stats = event.stats
         if colour:
-            for piece, origin in zip(event.pieces, event.origins):
-                out.write(f"{COLOURS[origin]}{piece}{RESET}")
+            for piece, origin, source in zip(event.pieces, event.origins, event.sources):
+                kind = "accepted (draft model)" if origin == "accepted" and source not in COPY_SOURCES else origin
+                out.write(f"{COLOURS[kind]}{piece}{RESET}")
         else:
             out.write(event.text)
         out.flush()
     out.write("\n")
     if colour:
-        print("legend: " + " ".join(f"{COLOURS[o]}{o}{RESET}" for o in ("accepted", "recovered", "bonus", "plain")), file=sys.stderr)
+        print("legend: " + " ".join(f"{code}{kind}{RESET}" for kind, code in COLOURS.items()), file=sys.stderr)
     if args.stats or args.profile:
         for line in stats.summary_lines():
             print(line, file=sys.stderr)
@@ -156,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--stats", action="store_true", help="print speculation statistics to stderr")
     g.add_argument("--json-stats", action="store_true", help="print statistics as JSON to stderr")
-    g.add_argument("--show-drafts", action="store_true", help="colour tokens by origin (accepted draft / recovered / bonus / plain)")
+    g.add_argument("--show-drafts", action="store_true", help="colour tokens by origin (accepted copy / accepted from the draft model / recovered / bonus / plain)")
     g.add_argument("--profile", action="store_true", help="time per phase and the measured cost of verify blocks")
     g.set_defaults(func=cmd_generate)
 

@@ -6,6 +6,7 @@ stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -56,6 +57,17 @@ def test_generate_with_lookup_gives_the_same_text_and_stats_on_stderr(expected_h
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected_hi + "\n"  # greedy speculation is lossless
     assert "tokens in" in result.stderr and "time:" in result.stderr
+
+
+def test_show_drafts_colours_the_same_text_by_origin_and_source():
+    prompt = "Repeat exactly: alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta"
+    result = run_cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--max-new-tokens", "24", "--show-drafts",
+                     "--chat", prompt)
+    plain = run_cli("generate", "--model", SMOLLM2, "--draft", "none", "--max-new-tokens", "24", "--chat", prompt)
+    assert result.returncode == 0 and plain.returncode == 0, result.stderr + plain.stderr
+    assert re.sub(r"\033\[\d*m", "", result.stdout) == plain.stdout  # colour codes only, the same text
+    assert "\033[32m" in result.stdout and "\033[35m" not in result.stdout  # copied tokens green, none from a model
+    assert "legend:" in result.stderr and "accepted (draft model)" in result.stderr
 
 
 def test_generate_reads_the_prompt_from_stdin(expected_hi):
