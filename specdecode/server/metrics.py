@@ -50,6 +50,10 @@ class ServerMetrics:
                                             "Prompt tokens whose keys and values came from the engine's cache", registry=r)
         self.queue_depth = Gauge("specdecode_queue_depth", "Requests waiting for the engine", registry=r)
         self.running = Gauge("specdecode_requests_running", "Requests being generated (0 or 1)", registry=r)
+        self.store_tokens = Gauge("specdecode_suffix_store_tokens",
+                                  "Tokens of earlier requests the suffix drafter may copy from (all clients)", registry=r)
+        self.store_max_tokens = Gauge("specdecode_suffix_store_max_tokens", "The store's cap (--suffix-store-tokens)",
+                                      registry=r)
         info = Gauge("specdecode_model_info", "The served model", ["model"], registry=r)
         info.labels(model=model_name).set(1)
         self._totals: dict[str, list[int]] = {}  # drafter -> [drafted, accepted, decoded, passes]
@@ -72,6 +76,11 @@ class ServerMetrics:
             self.acceptance_rate.labels(drafter).set(accepted / drafted)
         if passes:
             self.tokens_per_pass.labels(drafter).set(decoded / passes)
+
+    def record_store(self, store) -> None:
+        """The cross-request store's size after a generation added to it (and evicted the oldest past its cap)."""
+        self.store_tokens.set(store.tokens)
+        self.store_max_tokens.set(store.max_tokens)
 
     def record_prefix_reuse(self, reused_tokens: int) -> None:
         self.prefix_reused_tokens.inc(reused_tokens)

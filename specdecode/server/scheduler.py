@@ -327,6 +327,7 @@ class Scheduler:
                     last = now
                 if step.finished:
                     self.metrics.record_generation(step.final_stats)
+                    self.metrics.record_store(self.engine.suffix_store)
                     self.metrics.request_duration.observe(now - job.arrived)
                     self._service_time = 0.8 * self._service_time + 0.2 * (now - started)
                     return self._finish(job, ("step", step))

@@ -149,6 +149,13 @@ def test_metrics_exposition(client, live_server):
                  "specdecode_queue_depth"):
         assert name in text, name
     assert 'specdecode_acceptance_rate{drafter="draft"} 1.0' in text
+    # a request with a drafter that copies from earlier requests adds its prompt and answer to the store
+    client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=4, extra_body={"speculative": {"drafter": "suffix"}},
+                              **GREEDY)
+    text = httpx.get(live_server.base_url + "/metrics").text
+    store = live_server.engine.suffix_store
+    assert store.tokens > 0 and f"specdecode_suffix_store_tokens {float(store.tokens)}" in text
+    assert f"specdecode_suffix_store_max_tokens {float(store.max_tokens)}" in text
     assert 'specdecode_requests_total{endpoint="/v1/completions",status="200"}' in text
 
 
