@@ -9,6 +9,7 @@ import pytest
 
 from specdecode.errors import InputError
 
+from specdecode.drafters.suffix_store import SuffixStore
 from specdecode.engine import StreamEvent
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.protocol import ApiError, GenerationRequest
@@ -77,6 +78,7 @@ class FakeEngine:
         self.target = SimpleNamespace(vocab_size=256)
         self.draft = None
         self.tokenizer = FakeTokenizer()
+        self.suffix_store = SuffixStore(64)  # the worker reports its size after each generation
         self.calls = []
 
     def encode_prompt(self, prompt, chat=None):
