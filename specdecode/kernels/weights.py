@@ -29,6 +29,7 @@ Q4_K_X16, Q6_K_X16 = 113, 114
 Q6_K = 14
 _INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148), Q6_K_X16: (256, 210)}  # per (row) block
 _INTERLEAVED = {Q4_K_UNPACKED: Q4_K_X16, Q6_K: Q6_K_X16}
+_DEINTERLEAVED = {x16: source for source, x16 in _INTERLEAVED.items()}
 # The int8 kernel's instruction set: "auto" picks AVX-512 VNNI where the CPU has it, else AVX2. Both give
 # the same bits; SPECDECODE_ISA=avx2 forces the AVX2 path (for A/B timing).
 QUANT_ISA = os.environ.get("SPECDECODE_ISA", "auto")
@@ -80,8 +81,8 @@ class QuantWeight:
         if dim != 0 or len(self.parts) != 1:
             raise ValueError("QuantWeight selects whole rows of a one-part matrix only")
         block_type, blocks = self.types[0], self.parts[0]
-        if block_type in (Q4_K_X16, Q6_K_X16):  # rows back out of their groups of 16
-            block_type = Q4_K_UNPACKED if block_type == Q4_K_X16 else Q6_K
+        if block_type in _DEINTERLEAVED:  # rows back out of their groups of 16
+            block_type = _DEINTERLEAVED[block_type]
             blocks = load_kernel().interleave_k(blocks, block_type, False)
         return QuantWeight([(block_type, blocks.index_select(0, index))])
 
