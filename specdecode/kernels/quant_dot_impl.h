@@ -527,8 +527,15 @@ template <int N> static inline XI x_shl32(XI v) {  // N < 0: arithmetic right sh
 }
 static inline XI x_zero() { return _mm512_setzero_si512(); }
 static inline XI x_bcast4(const void* p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+// acc + the byte dot of w with 4 bytes at p in every lane, the broadcast folded into the instruction
+// (GCC emits a separate broadcast for _mm512_set1_epi32 of a load).
+static inline XI x_dot_bcast(XI acc, XI w, const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t*)p));
+  return acc;
+}
 static inline XI x_add(XI a, XI b) { return _mm512_add_epi32(a, b); }
 static inline XI x_sub(XI a, XI b) { return _mm512_sub_epi32(a, b); }
+static inline XI x_neg16(XI v) { return _mm512_sub_epi16(x_zero(), v); }
 static inline XI x_pairs(XI acc, XI w16, const int16_t* x) { return _mm512_dpwssd_epi32(acc, w16, x_bcast4(x)); }
 static inline XI x_u8_to_32(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
 static inline XI x_u8_to_16(const uint8_t* p) { return _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p)); }
@@ -545,14 +552,15 @@ static inline XF x_addf(XF a, XF b) { return _mm512_add_ps(a, b); }
 static inline XI x_scale_form(XI s32) { return s32; }
 // The exact sums of N chunks (8N columns) of one token for 16 rows, times the rows' scales. FIT: chunks
 // whose products fit int16 together on the AVX2 path (unused here: VNNI sums in int32).
-template <int N, int FIT>
+// CHAINS: independent accumulators; one is enough where many tokens' chains run side by side.
+template <int N, int FIT, int CHAINS>
 static inline XI x_dot_scaled(const XI* lo, const XI* hi, const int8_t* x, XI scales) {
-  XI p0 = x_zero(), p1 = x_zero();
+  XI p[2] = {x_zero(), x_zero()};
   for (int c = 0; c < N; ++c) {
-    p0 = _mm512_dpbusd_epi32(p0, lo[c], x_bcast4(x + 8 * c));
-    p1 = _mm512_dpbusd_epi32(p1, hi[c], x_bcast4(x + 8 * c + 4));
+    p[0] = x_dot_bcast(p[0], lo[c], x + 8 * c);
+    p[CHAINS - 1] = x_dot_bcast(p[CHAINS - 1], hi[c], x + 8 * c + 4);
   }
-  return _mm512_mullo_epi32(x_add(p0, p1), scales);  // |sum| <= 16 * 63 * 127: int32
+  return _mm512_mullo_epi32(CHAINS == 1 ? p[0] : x_add(p[0], p[1]), scales);  // |sum| <= 16 * 63 * 127: int32
 }
 constexpr int X16_TOKENS = 16;  // s[16], 8 weight vectors and the scales fit the 32 registers
 #else
@@ -572,6 +580,7 @@ static inline XI x_zero() { return _mm256_setzero_si256(); }
 static inline XI x_bcast4(const void* p) { int32_t v; memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 static inline XI x_add(XI a, XI b) { return _mm256_add_epi32(a, b); }
 static inline XI x_sub(XI a, XI b) { return _mm256_sub_epi32(a, b); }
+static inline XI x_neg16(XI v) { return _mm256_sub_epi16(x_zero(), v); }
 static inline XI x_pairs(XI acc, XI w16, const int16_t* x) { return x_add(acc, _mm256_madd_epi16(w16, x_bcast4(x))); }
 static inline XI x_u8_to_32(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
 static inline XI x_u8_to_16(const uint8_t* p) { return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p)); }
@@ -589,7 +598,7 @@ static inline XI x_scale_form(XI s32) {  // the scale in both 16-bit halves of i
 }
 // Without VNNI: byte pairs into int16, FIT chunks summed in int16 (their products fit), then one word
 // multiply-add with the scales per FIT chunks.
-template <int N, int FIT>
+template <int N, int FIT, int CHAINS>
 static inline XI x_dot_scaled(const XI* lo, const XI* hi, const int8_t* x, XI scales) {
   XI s = x_zero();
   for (int c0 = 0; c0 < N; c0 += FIT) {
@@ -604,6 +613,9 @@ static inline XI x_dot_scaled(const XI* lo, const XI* hi, const int8_t* x, XI sc
 }
 constexpr int X16_TOKENS = 4;  // 16 registers
 #endif
+
+template <int T>
+constexpr int CHAINS = T >= 8 ? 1 : 2;
 
 // Each interleaved type gives, for half h of a group block (all 16 rows with AVX-512, 8 with AVX2), every
 // token's exact block sum s[t] (and offset o[t]), and the rows' float scales d and off_scale.
@@ -624,7 +636,7 @@ struct Q4KX16 {  // d, dmin (float16 x 16), scales [8 sub-blocks][16 rows], mins
       }
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t)  // 8 products of 15 * 127 fit int16
-        s[t] = x_add(s[t], x_dot_scaled<4, 4>(lo, hi, a.kq + (first + t) * 256 + 32 * j, scales));
+        s[t] = x_add(s[t], x_dot_scaled<4, 4, CHAINS<T>>(lo, hi, a.kq + (first + t) * 256 + 32 * j, scales));
     }
     for (int p = 0; p < 4; ++p) {  // the offset: mins times sums of 32 activations, two sub-blocks per step
       const XI mins = x_u8_to_16(g + MINS + 32 * p + 2 * XL * h);
@@ -647,13 +659,13 @@ struct Q6KX16 {
   static constexpr bool K = true, SIGNED = false, OFFSET = false;
   template <int T>
   static inline void sums(const uint8_t* g, int h, const Act& a, int64_t first, XI* s, XI*) {
-    XI fold[T];  // sum over sub-blocks of scale times the sum of its 16 activations: the -32 of every weight
-    for (int t = 0; t < T; ++t) fold[t] = x_zero();
 #pragma GCC unroll 1
     for (int p = 0; p < 8; ++p) {  // sub-blocks 2p and 2p+1: 32 columns, chunks 4p..4p+3
       const uint8_t* pp = g + PAIRS + PAIR_BYTES * p;
       const XI pair = x_i8_to_16(pp + SCALES + 2 * XL * h);  // lane r: the two scales as int16
       const XI even = x_scale_form(x_shl32<-16>(x_shl32<16>(pair))), odd = x_scale_form(x_shl32<-16>(pair));
+      // The -32 of every weight: -32 * scale (fits int16) times the sums of 16 activations, in the same int32.
+      const XI minus32 = x_neg16(x_shl16<5>(pair));
       XI lo[4], hi[4];
       for (int c = 0; c < 4; ++c) {
         const XI v = x_load(pp + QL + 64 * c + 4 * XL * h);
@@ -664,11 +676,10 @@ struct Q6KX16 {
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) {  // 2 products of 63 * 127 fit int16, 4 do not
         const int8_t* x = a.kq + (first + t) * 256 + 32 * p;
-        s[t] = x_add(s[t], x_add(x_dot_scaled<2, 1>(lo, hi, x, even), x_dot_scaled<2, 1>(lo + 2, hi + 2, x + 16, odd)));
-        fold[t] = x_pairs(fold[t], pair, a.kbsum + (first + t) * 16 + 2 * p);
+        s[t] = x_add(s[t], x_add(x_dot_scaled<2, 1, CHAINS<T>>(lo, hi, x, even), x_dot_scaled<2, 1, CHAINS<T>>(lo + 2, hi + 2, x + 16, odd)));
+        s[t] = x_pairs(s[t], minus32, a.kbsum + (first + t) * 16 + 2 * p);
       }
     }
-    for (int t = 0; t < T; ++t) s[t] = x_sub(s[t], x_shl32<5>(fold[t]));  // - 32 * fold, exact
   }
   static inline XF d(const uint8_t* g, int h) { return x_halfs(g + D + 2 * XL * h); }
   static inline XF off_scale(const uint8_t*, int) { return x_set1(0.0f); }
