@@ -203,14 +203,35 @@ class DraftStopRule(StopRule):
     worth running if the next token, predicted as likely as this one, also repays that pass.
     """
 
+    # This generation's own record, in tokens: the weight of the prior that it behaves like earlier ones, and
+    # how fast old evidence fades (per judged token).
+    LOCAL_PRIOR_TOKENS = 2.0
+    LOCAL_DECAY = 0.98
+
     def __init__(self, costs: CostModel, drafter: str, calibration: ConfidenceCalibration, min_confidence: float = 0.0):
         self.costs = costs
         self.drafter = drafter
         self.calibration = calibration
         self.min_confidence = min_confidence
+        self.judged_expected = 0.0  # decayed sums over this generation's judged draft tokens
+        self.judged_accepted = 0.0
 
     def acceptance(self, confidence: float) -> float:
-        return self.calibration(confidence)
+        """The calibration learned over all generations, scaled by how this one's drafts fare against it.
+
+        The calibration pools every prompt, so on a prompt where the drafts are far worse than usual (copies
+        from a text that the answer paraphrases rather than repeats) it keeps predicting the pooled rate; this
+        generation's accepted/predicted ratio (with a prior of LOCAL_PRIOR_TOKENS at 1) corrects it within a
+        few drafts. Downward only: drafts that pass often say little about the weak ones (long copies accepted
+        say nothing of one-token matches), and raising the weak ones' estimate measured slower."""
+        w = self.LOCAL_PRIOR_TOKENS
+        local = min(1.0, (self.judged_accepted + w) / (self.judged_expected + w))
+        return self.calibration(confidence) * local
+
+    def judged(self, confidence: float, accepted: bool) -> None:
+        """The target judged one of this generation's draft tokens (call before the calibration learns it)."""
+        self.judged_expected = self.LOCAL_DECAY * self.judged_expected + self.calibration(confidence)
+        self.judged_accepted = self.LOCAL_DECAY * self.judged_accepted + accepted
 
     def _marginal_verify(self, drafted: int) -> float:
         now, more = self.costs.target_cost(drafted + 1), self.costs.target_cost(drafted + 2)
@@ -223,7 +244,7 @@ class DraftStopRule(StopRule):
         step = self.costs.target_cost(1)
         if step is None:
             return True
-        return chain_prob * self.calibration(confidence) * step > self._marginal_verify(drafted)
+        return chain_prob * self.acceptance(confidence) * step > self._marginal_verify(drafted)
 
     def extend(self, drafted: int, chain_prob: float, confidence: float) -> bool:
         """After keeping `drafted` tokens with this chain_prob, is another draft pass worth paying?"""
@@ -231,7 +252,7 @@ class DraftStopRule(StopRule):
         draft = self.costs.draft.get(self.drafter)
         if step is None or draft is None:
             return True
-        expected = chain_prob * self.calibration(confidence)
+        expected = chain_prob * self.acceptance(confidence)
         return expected * step > draft + self._marginal_verify(drafted)
 
 

@@ -162,9 +162,12 @@ class GenerationTuning:
         if draft.is_tree or not draft.confidences:
             return
         calibration = self.tuner.calibrations.setdefault(source, ConfidenceCalibration())
+        rule = self.stop_rule.for_source(source) if self.stop_rule is not None else None
         # Positions after the first rejection were never judged by the target.
         for i, confidence in enumerate(draft.confidences[: accepted + 1]):
             if confidence == confidence:  # NaN when the drafter did not compute it
+                if isinstance(rule, DraftStopRule):
+                    rule.judged(confidence, i < accepted)
                 calibration.update(confidence, i < accepted)
 
     def end(self, stats: GenerationStats) -> None:

@@ -40,6 +40,27 @@ def test_stop_rule_extends_only_when_the_next_pass_pays():
     assert DraftStopRule(costs(draft=0.0), "draft", ConfidenceCalibration()).extend(3, 0.45, 0.45)
 
 
+def pooled_calibration(rate=0.35, confidence=0.35, trials=500):
+    """A calibration that earlier generations taught: tokens of this confidence are accepted at `rate`."""
+    cal = ConfidenceCalibration()
+    for i in range(trials):
+        cal.update(confidence, i < rate * trials)
+    return cal
+
+
+@pytest.mark.parametrize("accepted, keeps", [(False, False), (True, True)])
+def test_stop_rule_follows_this_generations_record_not_only_the_pooled_calibration(accepted, keeps):
+    # Pooled over earlier prompts, a token of confidence 0.35 is accepted 35% of the time: worth verifying
+    # (0.35 * 0.33 s > 0.04 s). On a prompt where every such draft fails, its misses must stop the copying;
+    # where they all pass, drafting goes on.
+    rule = DraftStopRule(costs(), "lookup", pooled_calibration())
+    assert rule.keep(0, 1.0, 0.35)
+    for _ in range(20):
+        rule.judged(0.35, accepted)
+    assert rule.keep(0, 1.0, 0.35) == keeps
+    assert rule.acceptance(0.35) == pytest.approx(0.35, abs=0.02) if accepted else rule.acceptance(0.35) < 0.1
+
+
 def test_stop_rule_honours_a_minimum_confidence_after_the_first_token():
     rule = DraftStopRule(costs(), "draft", ConfidenceCalibration(), min_confidence=0.9)
     assert not rule.keep(1, 1.0, 0.85)
