@@ -174,11 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(b)
     _add_decoding_args(b)
     b.add_argument("--suite", default="humaneval", choices=list(SUITES),
-                   help="humaneval, specbench, or copy-heavy workloads built from HumanEval: codeedit (edit a"
-                        " given function), chat3 (three-turn chats restating the function)")
-    b.add_argument("--limit", type=int, default=10, help="prompts (per category for specbench)")
+                   help="humaneval, specbench, copy-heavy workloads built from HumanEval: codeedit (edit a"
+                        " given function), chat3 (three-turn chats restating the function), or short (everyday"
+                        " short answers: chat, math, translation, extraction, lists)")
+    b.add_argument("--limit", type=int, default=10, help="prompts (per category for specbench and short)")
     b.add_argument("--offset", type=int, default=0, help="skip this many prompts (per category) first, to continue an earlier run")
-    b.add_argument("--categories", default=None, help="comma-separated Spec-Bench categories")
+    b.add_argument("--categories", default=None, help="comma-separated categories (specbench, short)")
     b.add_argument("--drafters", default=None, help="comma-separated methods: ar,draft,lookup (default: ar + the --draft one)")
     b.add_argument("--bench-dir", default=None, help="folder with humaneval.jsonl / specbench.jsonl")
     b.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")

@@ -29,8 +29,15 @@ def test_suites_load_with_limits_and_categories(bench_dir):
     spec = load_suite("specbench", bench_dir, 1)
     assert [(p.id, p.category, len(p.turns)) for p in spec] == [("1", "writing", 2), ("3", "summarization", 1)]
     assert [p.id for p in load_suite("specbench", bench_dir, None, ["writing"])] == ["1", "2"]
-    with pytest.raises(InputError, match="unknown Spec-Bench categories"):
+    with pytest.raises(InputError, match="unknown categories"):
         load_suite("specbench", bench_dir, 1, ["poetry"])
+
+
+def test_the_short_suite_needs_no_files_and_takes_limits_per_style(tmp_path):
+    short = load_suite("short", tmp_path, 2)
+    assert [p.id for p in short[:2]] == ["chat-1", "chat-2"]
+    assert len(short) == 10 and {p.category for p in short} == {"chat", "math", "translation", "extraction", "list"}
+    assert [p.id for p in load_suite("short", tmp_path, 1, ["math"], offset=2)] == ["math-3"]
 
 
 def test_offset_continues_where_an_earlier_run_stopped(bench_dir):
@@ -58,6 +65,7 @@ def test_summary_speedup_and_acceptance_by_draft_length():
     assert summary["draft"]["speedup"] == pytest.approx(10 / 7)
     assert summary["draft"]["decode_speedup"] == pytest.approx(2.0)  # 6 s of decoding against 3 s
     assert summary["draft"]["alpha"] == pytest.approx(13 / 20)
+    assert summary["draft"]["median_speedup"] == summary["draft"]["worst_speedup"] == pytest.approx(10 / 7)
     assert summary["draft"]["identical"] == 1
     assert summary["ar"]["prefill_ceiling"] == pytest.approx(10 / 4)  # free decoding still pays the 4 s prefill
     per_k = acceptance_by_k(rows)

@@ -1,5 +1,5 @@
-"""Public prompt sets: HumanEval and Spec-Bench, read from ../shared/bench (or --bench-dir), and copy-heavy
-workloads built from HumanEval (copy_suites.py)."""
+"""Public prompt sets: HumanEval and Spec-Bench, read from ../shared/bench (or --bench-dir), copy-heavy
+workloads built from HumanEval (copy_suites.py), and short everyday answers of our own (short_suite.py)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import InputError
 
 SUITE_FILES = {"humaneval": "humaneval.jsonl", "specbench": "specbench.jsonl", "codeedit": "humaneval.jsonl",
-               "chat3": "humaneval.jsonl"}
+               "chat3": "humaneval.jsonl", "short": None}
 SUITES = tuple(SUITE_FILES)
 
 
@@ -41,10 +41,14 @@ def load_suite(name: str, bench_dir: Path, limit: int | None, categories: list[s
     --offset continues where an earlier one stopped, and bench-merge joins the two."""
     if offset < 0 or (limit is not None and limit < 0):
         raise InputError("--limit and --offset must be >= 0")
-    path = bench_dir / SUITE_FILES[name]
-
     def window(items: list[BenchPrompt]) -> list[BenchPrompt]:
         return items[offset : offset + limit] if limit else items[offset:]
+
+    if name == "short":
+        from .short_suite import short_prompts
+
+        return _per_category(short_prompts(), categories, window)
+    path = bench_dir / SUITE_FILES[name]
 
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if name == "humaneval":
@@ -54,13 +58,19 @@ def load_suite(name: str, bench_dir: Path, limit: int | None, categories: list[s
         from .copy_suites import chat3_prompts, codeedit_prompts
 
         return window(codeedit_prompts(rows) if name == "codeedit" else chat3_prompts(rows))
+    prompts = [BenchPrompt(str(r["question_id"]), r["category"], tuple(r["turns"])) for r in rows]
+    return _per_category(prompts, categories, window)
+
+
+def _per_category(prompts: list[BenchPrompt], categories: list[str] | None, window) -> list[BenchPrompt]:
+    """The window of each category's prompts (only the named categories when given)."""
     per_category: dict[str, list[BenchPrompt]] = {}
-    for r in rows:
-        per_category.setdefault(r["category"], []).append(BenchPrompt(str(r["question_id"]), r["category"], tuple(r["turns"])))
+    for prompt in prompts:
+        per_category.setdefault(prompt.category, []).append(prompt)
     if categories:
         unknown = set(categories) - set(per_category)
         if unknown:
-            raise InputError(f"unknown Spec-Bench categories {sorted(unknown)}; known: {sorted(per_category)}")
+            raise InputError(f"unknown categories {sorted(unknown)}; known: {sorted(per_category)}")
         per_category = {c: per_category[c] for c in categories}
     out: list[BenchPrompt] = []
     for items in per_category.values():

@@ -123,6 +123,8 @@ def summarise(rows: list[Row]) -> dict:
             "decode_tokens_per_s": decode,
             "decode_speedup": decode / base_decode if base_decode else None,
             "median_speedup": statistics.median(ratios) if ratios and method != "ar" else None,
+            # The prompt where this method fared worst against plain decoding (a drafter must not lose anywhere).
+            "worst_speedup": min(ratios) if ratios and method != "ar" else None,
             "alpha": sum(r.accepted for r in items) / drafted if drafted else None,
             "tau": sum(r.new_tokens for r in items) / max(1, sum(r.target_passes for r in items)),
             "mean_k": statistics.fmean(r.mean_k for r in items),

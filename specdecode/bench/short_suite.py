@@ -1,0 +1,63 @@
+"""Short answers in everyday styles, written for specdecode (not taken from a benchmark).
+
+Where an answer is short and repeats little of its prompt, a drafter has little to copy and a few failed
+drafts already cost more than they save: the suite checks that the default drafter does not lose there
+(run it at 64 new tokens and read the per-prompt worst ratio). Five styles, six prompts each.
+"""
+from __future__ import annotations
+
+from .prompts import BenchPrompt
+
+PROMPTS = {
+    "chat": (
+        "Hi! I just moved to a city where it rains most of the year. Any tips for staying cheerful?",
+        "What is a good way to start learning to play the guitar as an adult with little free time?",
+        "My sourdough bread comes out flat and dense. What might I be doing wrong?",
+        "Can you explain in simple words why the sky looks blue during the day?",
+        "I have a job interview tomorrow for a junior accountant position. How should I prepare tonight?",
+        "Suggest a relaxing weekend plan for two people who like nature but hate crowds.",
+    ),
+    "math": (
+        "A train leaves at 14:20 and arrives at 17:05. How long is the journey in minutes?",
+        "What is 17% of 2,340? Show the calculation briefly.",
+        "Solve for x: 3x - 7 = 2x + 11.",
+        "A rectangle has a perimeter of 46 cm and one side of 9 cm. What is its area?",
+        "If a shirt costs $40 after a 20% discount, what was the original price?",
+        "How many different ways can 4 books be arranged on a shelf? Explain in one or two sentences.",
+    ),
+    "translation": (
+        "Translate into French: 'The museum is closed on Mondays, but the garden stays open until sunset.'",
+        "Translate into German: 'Could you please send me the invoice by the end of the week?'",
+        "Translate into Spanish: 'We missed the last bus, so we walked home under the stars.'",
+        "Translate into English: 'Il faut toujours garder une bouteille d'eau dans la voiture en été.'",
+        "Translate into Italian: 'My grandmother grows tomatoes, basil and lemons in her small garden.'",
+        "Translate into English: 'Morgen früh fahren wir mit dem Fahrrad zum See und machen ein Picknick.'",
+    ),
+    "extraction": (
+        "From this note, list the people and the dates mentioned: 'Anna will visit on 3 May; Tom and Priya "
+        "join her on the 5th. The review with Mr. Okafor moved from 12 May to 19 May.'",
+        "Extract the product name, price and warranty from: 'The Aurora K2 kettle, now $34.99, boils 1.7 litres "
+        "in under four minutes and comes with a two-year warranty.'",
+        "What city, venue and start time does this invitation give? 'Join us at the Harbour Hall in Gdansk on "
+        "Saturday; doors open at 6:30 pm and the concert starts at 7:15 pm.'",
+        "Return the email addresses in this text as a JSON list: 'Write to sales@northwind.example or, for "
+        "returns, to help@northwind.example; press enquiries go to media@northwind.example.'",
+        "Which symptoms and which medicine does this message mention? 'Since Tuesday I've had a sore throat and "
+        "a mild fever; the pharmacist suggested ibuprofen twice a day.'",
+        "Pull out every number with its unit: 'The trail is 12.5 km long, climbs 640 m, and takes about 4 hours; "
+        "bring at least 2 litres of water.'",
+    ),
+    "list": (
+        "List five vegetables that grow well on a sunny balcony.",
+        "Give me a packing list for a three-day hiking trip in autumn.",
+        "Name six classic board games suitable for a family with young children.",
+        "List the steps to change a flat tyre on a bicycle.",
+        "What are four habits that help people sleep better? One line each.",
+        "List five questions to ask a landlord before renting a flat.",
+    ),
+}
+
+
+def short_prompts() -> list[BenchPrompt]:
+    return [BenchPrompt(f"{style}-{i + 1}", style, (text,)) for style, texts in PROMPTS.items()
+            for i, text in enumerate(texts)]
