@@ -166,8 +166,8 @@ class GenerationTuning:
         # Positions after the first rejection were never judged by the target.
         for i, confidence in enumerate(draft.confidences[: accepted + 1]):
             if confidence == confidence:  # NaN when the drafter did not compute it
-                if isinstance(rule, DraftStopRule):
-                    rule.judged(confidence, i < accepted)
+                if i == 0 and isinstance(rule, DraftStopRule):
+                    rule.judged_first(confidence, i < accepted)
                 calibration.update(confidence, i < accepted)
 
     def end(self, stats: GenerationStats) -> None:

@@ -49,16 +49,19 @@ def pooled_calibration(rate=0.35, confidence=0.35, trials=500):
 
 
 @pytest.mark.parametrize("accepted, keeps", [(False, False), (True, True)])
-def test_stop_rule_follows_this_generations_record_not_only_the_pooled_calibration(accepted, keeps):
+def test_stop_rule_starts_drafts_by_this_generations_record_not_only_the_pooled_calibration(accepted, keeps):
     # Pooled over earlier prompts, a token of confidence 0.35 is accepted 35% of the time: worth verifying
-    # (0.35 * 0.33 s > 0.04 s). On a prompt where every such draft fails, its misses must stop the copying;
-    # where they all pass, drafting goes on.
+    # (0.35 * 0.33 s > 0.04 s). On a prompt where every draft's first token fails, the misses must stop new
+    # drafts; where they pass, drafting goes on.
     rule = DraftStopRule(costs(), "lookup", pooled_calibration())
     assert rule.keep(0, 1.0, 0.35)
     for _ in range(20):
-        rule.judged(0.35, accepted)
+        rule.judged_first(0.35, accepted)
     assert rule.keep(0, 1.0, 0.35) == keeps
-    assert rule.acceptance(0.35) == pytest.approx(0.35, abs=0.02) if accepted else rule.acceptance(0.35) < 0.1
+    assert rule.first_token_factor() == 1.0 if accepted else rule.first_token_factor() < 0.3
+    # Within a draft that has started, the pooled calibration alone judges the next tokens: copies that
+    # start run on.
+    assert rule.keep(1, 0.9, 0.35)
 
 
 def test_stop_rule_honours_a_minimum_confidence_after_the_first_token():
