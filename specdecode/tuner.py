@@ -163,11 +163,12 @@ class GenerationTuning:
             return
         calibration = self.tuner.calibrations.setdefault(source, ConfidenceCalibration())
         rule = self.stop_rule.for_source(source) if self.stop_rule is not None else None
+        first = draft.confidences[0]
+        if isinstance(rule, DraftStopRule) and first == first:  # judged against the calibration before it learns
+            rule.judged_first(first, accepted > 0)
         # Positions after the first rejection were never judged by the target.
         for i, confidence in enumerate(draft.confidences[: accepted + 1]):
             if confidence == confidence:  # NaN when the drafter did not compute it
-                if i == 0 and isinstance(rule, DraftStopRule):
-                    rule.judged_first(confidence, i < accepted)
                 calibration.update(confidence, i < accepted)
 
     def end(self, stats: GenerationStats) -> None:

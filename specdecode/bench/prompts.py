@@ -41,6 +41,7 @@ def load_suite(name: str, bench_dir: Path, limit: int | None, categories: list[s
     --offset continues where an earlier one stopped, and bench-merge joins the two."""
     if offset < 0 or (limit is not None and limit < 0):
         raise InputError("--limit and --offset must be >= 0")
+
     def window(items: list[BenchPrompt]) -> list[BenchPrompt]:
         return items[offset : offset + limit] if limit else items[offset:]
 
