@@ -8,8 +8,8 @@ a floating-point near-tie from a bug.
 from __future__ import annotations
 
 import functools
-from collections import Counter
 import random
+from collections import Counter
 
 import pytest
 import torch
