@@ -9,6 +9,11 @@ time, memory, file size and open files, and a wall-clock timeout (limits against
 security boundary: run it on model answers to public problems, as here).
 
     .venv/bin/python scripts/humaneval_pass.py --limit 40 [--offset 0] [--precisions int8,float32]
+
+The solutions the code-edit suite `codeedit-own` edits were written this way by the default target:
+
+    .venv/bin/python scripts/humaneval_pass.py --limit 164 --precisions int8 \
+        --solutions-out specdecode/data/humaneval_own_solutions.jsonl
 """
 from __future__ import annotations
 
@@ -35,15 +40,19 @@ def extract_code(answer: str) -> str:
     return match.group(1) if match else answer
 
 
-def program(problem: dict, answer: str) -> str:
+def function_source(problem: dict, answer: str) -> str:
     """The answer as a whole function (the problem's imports kept), or as the body under the prompt."""
     code = extract_code(answer)
     if re.search(rf"^\s*def {re.escape(problem['entry_point'])}\s*\(", code, re.M):
-        imports = "".join(line + "\n" for line in problem["prompt"].splitlines() if line.startswith(("import ", "from ")))
-        body = imports + code
-    else:
-        body = problem["prompt"] + code
-    return f"{body}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
+        own = set(code.splitlines())
+        imports = "".join(line + "\n" for line in problem["prompt"].splitlines()
+                          if line.startswith(("import ", "from ")) and line not in own)
+        return imports + code
+    return problem["prompt"] + code
+
+
+def program(problem: dict, answer: str) -> str:
+    return f"{function_source(problem, answer)}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
 def _limits() -> None:  # runs in the child before exec
@@ -66,13 +75,15 @@ def passes(source: str) -> bool:
         return result.returncode == 0
 
 
-def run(precision: str, problems: list[dict], args) -> dict[str, bool]:
+def run(precision: str, problems: list[dict], args, solutions: list[dict]) -> dict[str, bool]:
     engine, _ = build_engine(EngineOptions(model=args.model, precision=precision, draft="lookup"), need_draft=False)
     results = {}
     for problem in problems:
         answer = engine.generate(humaneval_turn(problem), drafter="lookup", max_new_tokens=args.max_new_tokens)
         results[problem["task_id"]] = passes(program(problem, answer.text))
         print(f"{precision} {problem['task_id']}: {'pass' if results[problem['task_id']] else 'fail'}", file=sys.stderr)
+        solutions.append({"task_id": problem["task_id"], "precision": precision, "passed": results[problem["task_id"]],
+                          "solution": function_source(problem, answer.text)})
     return results
 
 
@@ -85,10 +96,13 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--bench-dir", default=None)
     p.add_argument("--out", default=None, help="write per-problem results as JSON here")
+    p.add_argument("--solutions-out", default=None,
+                   help="write each answer as a complete function (JSON lines: task_id, precision, passed, solution)")
     args = p.parse_args()
     lines = (find_bench_dir(args.bench_dir) / "humaneval.jsonl").read_text().splitlines()
     problems = [json.loads(line) for line in lines][args.offset : args.offset + args.limit]
-    results = {precision: run(precision, problems, args) for precision in args.precisions.split(",")}
+    solutions: list[dict] = []
+    results = {precision: run(precision, problems, args, solutions) for precision in args.precisions.split(",")}
     print(f"| precision | pass@1 ({len(problems)} problems, HumanEval {args.offset + 1}-{args.offset + len(problems)}) |")
     print("|---|---|")
     for precision, passed in results.items():
@@ -98,6 +112,8 @@ def main() -> None:
         print("differ on:", ", ".join(task for task in a if a[task] != b[task]) or "none")
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1) + "\n")
+    if args.solutions_out:  # the functions as the model wrote them: the codeedit-own bench suite edits these
+        Path(args.solutions_out).write_text("".join(json.dumps(s) + "\n" for s in solutions))
 
 
 if __name__ == "__main__":

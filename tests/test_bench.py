@@ -207,6 +207,35 @@ def test_copy_suites_restate_the_humaneval_function(tmp_path):
     assert "return x" not in chats[0].turns[0]  # the model writes the function in turn 1
 
 
+def test_codeedit_own_edits_the_models_passing_functions_only(tmp_path, monkeypatch):
+    from specdecode.bench import copy_suites
+    from specdecode.bench.prompts import load_suite
+
+    (tmp_path / "humaneval.jsonl").write_text("\n".join(json.dumps(
+        {"task_id": f"HumanEval/{i}", "entry_point": f"f{i}", "prompt": f"def f{i}(x):\n", "canonical_solution": "    pass\n"})
+        for i in range(4)))
+    own = tmp_path / "own.jsonl"
+    own.write_text("".join(json.dumps({"task_id": f"HumanEval/{i}", "precision": "int8", "passed": i != 1,
+                                       "solution": f"def f{i}(x):\n    return x * {i}"}) + "\n" for i in range(3)))
+    monkeypatch.setattr(copy_suites, "OWN_SOLUTIONS", own)
+    edits = load_suite("codeedit-own", tmp_path, None)
+    assert [p.id for p in edits] == ["HumanEval/0", "HumanEval/2"]  # failed (1) and missing (3) left out
+    assert edits[1].category == "codeedit-own" and "return x * 2\n```" in edits[1].turns[0]
+    assert "f2_v2" in edits[1].turns[0]  # the edits rotate over the prompts kept
+
+
+def test_the_committed_own_solutions_are_whole_python_functions():
+    import ast
+
+    from specdecode.bench.copy_suites import own_functions
+
+    functions = own_functions()
+    assert len(functions) >= 40
+    for task_id, code in functions.items():
+        tree = ast.parse(code)
+        assert any(isinstance(node, ast.FunctionDef) for node in tree.body), task_id
+
+
 def test_each_bench_method_remembers_only_its_own_earlier_answers(smollm2):
     """The suffix store must not hand one method the answer another method just gave to the same prompt."""
     from specdecode.bench.prompts import BenchPrompt

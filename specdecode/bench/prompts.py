@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import InputError
 
 SUITE_FILES = {"humaneval": "humaneval.jsonl", "specbench": "specbench.jsonl", "codeedit": "humaneval.jsonl",
-               "chat3": "humaneval.jsonl", "short": None}
+               "codeedit-own": "humaneval.jsonl", "chat3": "humaneval.jsonl", "short": None}
 SUITES = tuple(SUITE_FILES)
 
 
@@ -55,9 +55,11 @@ def load_suite(name: str, bench_dir: Path, limit: int | None, categories: list[s
     if name == "humaneval":
         prompts = [BenchPrompt(r["task_id"], "humaneval", (humaneval_turn(r),)) for r in rows]
         return window(prompts)
-    if name in ("codeedit", "chat3"):
-        from .copy_suites import chat3_prompts, codeedit_prompts
+    if name in ("codeedit", "codeedit-own", "chat3"):
+        from .copy_suites import chat3_prompts, codeedit_prompts, own_functions
 
+        if name == "codeedit-own":
+            return window(codeedit_prompts(rows, own_functions(), category=name))
         return window(codeedit_prompts(rows) if name == "codeedit" else chat3_prompts(rows))
     prompts = [BenchPrompt(str(r["question_id"]), r["category"], tuple(r["turns"])) for r in rows]
     return _per_category(prompts, categories, window)
