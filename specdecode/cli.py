@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--categories", default=None, help="comma-separated categories (specbench, short)")
     b.add_argument("--drafters", default=None, help="comma-separated methods: ar,draft,lookup (default: ar + the --draft one)")
     b.add_argument("--bench-dir", default=None, help="folder with humaneval.jsonl / specbench.jsonl")
+    b.add_argument("--repeats", type=int, default=1,
+                   help="time each prompt this many times per method and keep the median (the faster of two):"
+                        " per-prompt ratios of short answers need it")
     b.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
     b.add_argument("--peers", nargs="?", const="all", default=None, choices=["all", "llama.cpp", "transformers"],
                    help="also run peers on the first turns: llama.cpp's own binaries and/or transformers (default: all)")

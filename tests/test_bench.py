@@ -248,3 +248,19 @@ def test_each_bench_method_remembers_only_its_own_earlier_answers(smollm2):
     for method in ("auto", "suffix"):
         run_method(engine, prompt, method, "auto", SamplingParams(), 8, None)
     assert set(engine.suffix_store._latest) == {"bench:auto", "bench:suffix"}
+
+
+def test_repeated_timings_keep_the_median_and_never_copy_an_earlier_repeat(smollm2):
+    from specdecode.bench.prompts import BenchPrompt
+    from specdecode.bench.runner import _median_repeat, run_bench
+    from specdecode.engine import Engine
+    from specdecode.sampling import SamplingParams
+
+    engine = Engine(smollm2, max_context=512)
+    prompts = [BenchPrompt("p", "c", ("Count from one to five.",))]
+    rows = run_bench(engine, prompts, ["ar", "suffix"], "auto", SamplingParams(), 12, progress=False, repeats=3)
+    assert [(r.method, r.identical) for r in rows] == [("ar", None), ("suffix", True)]
+    # Each repeat has its own store: the second cannot copy the first's answer to the same prompt.
+    assert {"bench:suffix:0", "bench:suffix:1", "bench:suffix:2"} <= set(engine.suffix_store._latest)
+    timed = [[row("ar", 10, seconds)] for seconds in (3.0, 1.0, 2.0)]
+    assert _median_repeat(timed)[0].seconds == 2.0 and _median_repeat(timed[:2])[0].seconds == 1.0

@@ -50,6 +50,14 @@ def _command_lines(config: dict) -> list[str]:
     return lines
 
 
+def _repeats_note(config: dict) -> str:
+    repeats = config.get("repeats", 1)
+    if repeats <= 1:
+        return ""
+    return (f" Each prompt was timed {repeats} times per method (orders alternating); the median timing is kept"
+            f"{' (the faster of two)' if repeats == 2 else ''}, and every repeat's answer is compared.")
+
+
 def write_report(results: dict, out_dir: Path) -> str:
     c = results["config"]
     lines = [
@@ -61,7 +69,7 @@ def write_report(results: dict, out_dir: Path) -> str:
         f" max {c['max_new_tokens']} new tokens, temperature {c['temperature']}. Speedup = tokens/s against plain"
         " decoding of the same target in the same process (aggregate over all prompts; median and worst of the per-prompt ratios beside it)."
         " Decode speedup leaves out the target's prompt prefill, which is the same work for every method (a draft"
-        " model's own prefill stays in).",
+        " model's own prefill stays in)." + _repeats_note(c),
         "",
         *method_table(results["summary"]),
         "",

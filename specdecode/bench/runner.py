@@ -65,31 +65,48 @@ def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_to
 
 
 def run_bench(engine, prompts: list[BenchPrompt], methods: list[str], k, sampling: SamplingParams,
-              max_new_tokens: int, max_k: int | None = None, progress: bool = True) -> list[Row]:
+              max_new_tokens: int, max_k: int | None = None, progress: bool = True, repeats: int = 1) -> list[Row]:
+    """Every prompt with every method; with repeats > 1 each prompt is timed that many times per method and
+    the median timing kept (the faster of two), so one slow moment of the machine does not decide a prompt.
+
+    Repeat r of a method keeps its own suffix store (namespace bench:METHOD:r): no repeat can copy the
+    answer an earlier repeat gave to the same prompt. Every repeat's answer must equal plain decoding's.
+    """
     # Warm-up: first calls pay for page faults, kernel loading and cost calibration.
     warm = prompts[0]
     for method in methods:
         run_method(engine, BenchPrompt("warmup", warm.category, warm.turns[:1]), method, k, sampling, 8, max_k,
                    namespace="bench:warm-up")
     rows: list[Row] = []
-    bar = tqdm(total=len(prompts) * len(methods), desc="bench", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=len(prompts) * len(methods) * repeats, desc="bench", disable=not progress, file=sys.stderr)
     for index, prompt in enumerate(prompts):
-        # Alternate the order so slow drift of the machine does not favour one method.
-        order = methods if index % 2 == 0 else list(reversed(methods))
-        outputs: dict[str, list[list[int]]] = {}
-        prompt_rows: list[Row] = []
-        for method in order:
-            method_rows, outputs[method] = run_method(engine, prompt, method, k, sampling, max_new_tokens, max_k)
-            prompt_rows.extend(method_rows)
-            bar.update(1)
+        timings: dict[str, list[list[Row]]] = {m: [] for m in methods}
+        outputs: dict[str, list[list[list[int]]]] = {m: [] for m in methods}
+        for repeat in range(repeats):
+            # Alternate the order so slow drift of the machine does not favour one method.
+            order = methods if (index + repeat) % 2 == 0 else list(reversed(methods))
+            for method in order:
+                namespace = f"bench:{method}" + (f":{repeat}" if repeats > 1 else "")
+                method_rows, answer = run_method(engine, prompt, method, k, sampling, max_new_tokens, max_k, namespace)
+                timings[method].append(method_rows)
+                outputs[method].append(answer)
+                bar.update(1)
+        prompt_rows = [row for method in methods for row in _median_repeat(timings[method])]
         if "ar" in outputs:
             for row in prompt_rows:
                 if row.method != "ar":
-                    row.identical = outputs[row.method][row.turn] == outputs["ar"][row.turn]
+                    row.identical = all(answer[row.turn] == plain[row.turn]
+                                        for answer in outputs[row.method] for plain in outputs["ar"])
         rows.extend(prompt_rows)
         bar.set_postfix_str(_progress_note(rows))
     bar.close()
     return rows
+
+
+def _median_repeat(repeats: list[list[Row]]) -> list[Row]:
+    """The rows of the repeat with the median total time (the faster one of two)."""
+    ranked = sorted(repeats, key=lambda rows: sum(r.seconds for r in rows))
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def _progress_note(rows: list[Row]) -> str:
@@ -191,13 +208,15 @@ def run_bench_cli(args) -> int:
             raise InputError(f"unknown method '{m}' in --drafters (choose from ar, {', '.join(DRAFTERS)})")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     started = time.time()
-    rows = run_bench(engine, prompts, methods, k, sampling, args.max_new_tokens, args.max_k)
+    if args.repeats < 1:
+        raise InputError("--repeats must be >= 1")
+    rows = run_bench(engine, prompts, methods, k, sampling, args.max_new_tokens, args.max_k, repeats=args.repeats)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {
         "command": "specdecode " + " ".join(sys.argv[1:]),
         "suite": args.suite, "limit": args.limit, "offset": args.offset, "categories": categories, "methods": methods, "k": k,
-        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "repeats": args.repeats,
         "target": engine.target.name, "target_dtype": engine.target.precision,
         "draft": engine.draft.name if engine.draft else None, "draft_dtype": engine.draft.dtype if engine.draft else None,
         "wall_seconds": time.time() - started,
