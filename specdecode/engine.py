@@ -337,7 +337,7 @@ class Engine:
                 scratch.truncate(warm_len)
                 self.target.model(tokens, scratch, logits="all").argmax(-1).tolist()
 
-            self.tuner.costs.target[size] = fastest(target_pass)
+            self.tuner.costs.set_measured(size, fastest(target_pass))
         model = drafter.model_drafter if drafter is not None else None
         if model is not None:
             d_cache = model.model.new_cache(warm_len + 1)

@@ -14,18 +14,48 @@ from .stats import expected_tokens_per_pass
 
 
 class CostModel:
-    """Running estimates (seconds) of target pass cost per block size and draft pass cost per drafter."""
+    """Running estimates (seconds) of target pass cost per block size and draft pass cost per drafter.
+
+    Each block size's estimate is kept with the single step's estimate at the time it was timed, and is
+    read scaled by how the single step has moved since. Single steps run all the time, longer blocks only
+    when the policy drafts that far: without the scaling, timings taken while another process had the
+    cores (the engine's cost measurement at start-up, say) would keep the block sizes the policy then
+    avoids looking that much dearer for good, since an avoided size is never timed again. A machine that
+    is busy for a while slows every block size alike, so the ratios hold.
+    """
 
     def __init__(self, smoothing: float = 0.2):
         self.smoothing = smoothing
-        self.target: dict[int, float] = {}
+        self.target: dict[int, float] = {}  # as timed (smoothed); read through target_cost
+        self.single_at: dict[int, float] = {}  # block size -> the single step's estimate when it was timed
         self.draft: dict[str, float] = {}
 
     def _mix(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
 
+    def _scaled(self, block: int) -> float:
+        """The estimate for block in today's single-step terms."""
+        single, at = self.target.get(1), self.single_at.get(block)
+        return self.target[block] * (single / at) if single and at else self.target[block]
+
+    def set_measured(self, block: int, seconds: float) -> None:
+        """A timing taken apart from decoding (the engine's cost measurement): replaces the estimate."""
+        self.target[block] = seconds
+        self._timed(block)
+
     def record_target(self, block: int, seconds: float) -> None:
-        self.target[block] = self._mix(self.target.get(block), seconds)
+        old = self._scaled(block) if block in self.target else None
+        self.target[block] = self._mix(old, seconds)
+        self._timed(block)
+
+    def _timed(self, block: int) -> None:
+        if block != 1:
+            if 1 in self.target:
+                self.single_at[block] = self.target[1]
+            return
+        for other in self.target:  # sizes timed before any single step: taken as timed alongside this one
+            if other != 1 and other not in self.single_at:
+                self.single_at[other] = self.target[1]
 
     def record_draft(self, drafter: str, seconds_per_pass: float) -> None:
         self.draft[drafter] = self._mix(self.draft.get(drafter), seconds_per_pass)
@@ -33,20 +63,21 @@ class CostModel:
     def target_cost(self, block: int) -> float | None:
         """Measured, or linearly interpolated/extrapolated from the nearest measured sizes."""
         if block in self.target:
-            return self.target[block]
+            return self._scaled(block)
         sizes = sorted(self.target)
         if not sizes:
             return None
+        cost = {b: self._scaled(b) for b in sizes}
         if len(sizes) == 1:
-            return self.target[sizes[0]]
+            return cost[sizes[0]]
         lower = [s for s in sizes if s < block]
         upper = [s for s in sizes if s > block]
         a = lower[-1] if lower else sizes[0]
         b = upper[0] if upper else sizes[-1]
         if a == b:
             a, b = (sizes[-2], sizes[-1]) if not upper else (sizes[0], sizes[1])
-        slope = (self.target[b] - self.target[a]) / (b - a)
-        return max(self.target[a] + slope * (block - a), self.target[sizes[0]])
+        slope = (cost[b] - cost[a]) / (b - a)
+        return max(cost[a] + slope * (block - a), cost[sizes[0]])
 
     def known(self, max_k: int) -> bool:
         return 1 in self.target and (max_k + 1) in self.target

@@ -12,6 +12,23 @@ def costs(step=0.33, per_token=0.04, draft=0.1):
     return model
 
 
+def test_block_costs_timed_on_a_busy_machine_follow_the_single_step_once_it_is_quiet():
+    """Otherwise block sizes the policy then avoids keep their busy timings for good: they are never re-timed."""
+    def cost(n):
+        return 0.03 + 0.008 * (n - 1)
+
+    model = CostModel()
+    for n in (1, 2, 3, 8, 16):
+        model.set_measured(n, 1.8 * cost(n))  # the start-up measurement, while another process had the cores
+    for _ in range(40):  # decoding on a quiet machine, in single steps and blocks of 3
+        model.record_target(1, cost(1))
+        model.record_target(3, cost(3))
+    for n in (1, 2, 3, 8, 16, 5, 12):
+        assert model.target_cost(n) == pytest.approx(cost(n), rel=1e-3), n
+    model.record_target(16, 2 * cost(16))  # one slow 16-token block moves its estimate by the smoothing only
+    assert model.target_cost(16) == pytest.approx(1.2 * cost(16), rel=1e-3)
+
+
 def test_calibration_starts_at_the_bin_centre_and_learns_the_measured_rate():
     cal = ConfidenceCalibration(bins=10, prior_weight=4)
     assert cal(0.93) == pytest.approx(0.95)
