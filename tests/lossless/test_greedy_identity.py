@@ -116,7 +116,8 @@ def seed_costs(engine):
     generation's own steps still take over as it runs."""
     for block in range(1, 66):
         engine.tuner.costs.record_target(block, 1e-3 * (1 + 0.05 * (block - 1)))
-    engine.tuner.costs.record_draft("draft", 1e-4)
+    for model_drafter in ("draft", "tree"):  # both, or the engine times them (and every block) afresh
+        engine.tuner.costs.record_draft(model_drafter, 1e-4)
 
 
 def drafter_for(kind, engine, prompt, expected):
