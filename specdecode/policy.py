@@ -67,17 +67,17 @@ class CostModel:
         sizes = sorted(self.target)
         if not sizes:
             return None
-        cost = {b: self._scaled(b) for b in sizes}
         if len(sizes) == 1:
-            return cost[sizes[0]]
+            return self._scaled(sizes[0])
         lower = [s for s in sizes if s < block]
         upper = [s for s in sizes if s > block]
         a = lower[-1] if lower else sizes[0]
         b = upper[0] if upper else sizes[-1]
         if a == b:
             a, b = (sizes[-2], sizes[-1]) if not upper else (sizes[0], sizes[1])
-        slope = (cost[b] - cost[a]) / (b - a)
-        return max(cost[a] + slope * (block - a), cost[sizes[0]])
+        cost_a, cost_b = self._scaled(a), self._scaled(b)
+        slope = (cost_b - cost_a) / (b - a)
+        return max(cost_a + slope * (block - a), self._scaled(sizes[0]))
 
     def known(self, max_k: int) -> bool:
         return 1 in self.target and (max_k + 1) in self.target
