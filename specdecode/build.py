@@ -80,11 +80,15 @@ def build_engine(options, need_draft: bool = True, with_draft_model: bool = Fals
     target = load_model(options.model, device=options.device, dtype=options.precision, max_context=options.ctx)
     drafter = options.draft or ("auto" if need_draft else "none")
     if drafter in DRAFTERS:  # a drafter by name: auto may use the default draft model, the rest need none
-        draft_spec = default_draft_model(options.model, target) if drafter == "auto" else None
+        auto_spec = default_draft_model(options.model, target)
+        draft_spec = auto_spec if drafter == "auto" else None
         if with_draft_model and options.model == registry.DEFAULT_TARGET:
             draft_spec = registry.DEFAULT_DRAFT
         draft = _load_draft(draft_spec, options, target) if draft_spec else None
-        return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens), drafter
+        # A draft model loaded only for other drafters leaves auto as the default runs it: a benchmark's
+        # auto column is then what a user of the default gets.
+        return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens,
+                      auto_draft_model=auto_spec is not None), drafter
     draft = _load_draft(drafter, options, target)  # a draft model by name or path
     return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens), "draft"
 

@@ -68,9 +68,13 @@ class Engine:
         check_invariants: bool = False,
         draft_vocab: int | None = 32768,
         suffix_store_tokens: int = 262_144,
+        auto_draft_model: bool = True,
     ):
         self.target = target
         self.draft = draft
+        # Whether the default drafter (auto) may draft with `draft`: not where the draft model was loaded
+        # only for other drafters (a benchmark's `draft` method) and the default would not load it.
+        self.auto_draft_model = auto_draft_model
         if draft is not None:
             check_same_tokenizer(target, draft)
             # A draft that is the target object itself must keep the full vocabulary.

@@ -166,3 +166,18 @@ def test_auto_draft_precision_is_int8_through_the_cpu_kernel_else_bfloat16(smoll
         assert draft_dtype("auto", smollm2) == "int8"
     monkeypatch.setattr(kernels, "load_kernel", lambda: None)
     assert draft_dtype("auto", smollm2) == "bfloat16"
+
+
+@pytest.mark.parametrize("precision, auto_drafts", [("int8", False), ("float32", True)])
+def test_a_benchmark_loads_the_draft_model_but_auto_uses_it_only_where_the_default_would(monkeypatch, precision, auto_drafts):
+    """bench --drafters ar,draft,auto loads the draft model for `draft`; its auto column must still be the default's."""
+    from specdecode import registry
+    from specdecode.build import EngineOptions, build_engine
+
+    monkeypatch.setattr(registry, "DEFAULT_TARGET", SMOLLM2)
+    monkeypatch.setattr(registry, "DEFAULT_DRAFT", SMOLLM2)
+    options = EngineOptions(model=SMOLLM2, precision=precision, draft_dtype="float32", ctx=256)
+    engine, drafter = build_engine(options, with_draft_model=True)
+    assert drafter == "auto" and engine.draft is not None
+    assert engine.auto_draft_model is auto_drafts
+    assert ("draft" in engine.drafter("auto").sources) is auto_drafts

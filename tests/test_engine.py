@@ -52,6 +52,16 @@ def test_matching_pair_is_accepted(pair):
     Engine(as_loaded(target, fake_tokenizer(256, eos_ids={1})), as_loaded(draft, fake_tokenizer(256)))
 
 
+def test_auto_leaves_out_a_draft_model_loaded_only_for_other_drafters(pair):
+    target, draft = pair
+    loaded_for_bench = Engine(as_loaded(target, name="target"), as_loaded(draft, name="draft"), max_context=64,
+                              auto_draft_model=False)
+    assert loaded_for_bench.drafter("auto").sources == ("lookup", "store")
+    assert loaded_for_bench.drafter("draft") is not None  # the draft model's own method still has it
+    by_default = Engine(as_loaded(target, name="target"), as_loaded(draft, name="draft"), max_context=64)
+    assert by_default.drafter("auto").sources == ("lookup", "store", "draft")
+
+
 # --------------------------------------------------------------------------- validation
 def test_draft_drafter_without_draft_model(pair):
     engine = Engine(as_loaded(pair[0]), None, max_context=64)

@@ -58,6 +58,16 @@ def _repeats_note(config: dict) -> str:
             f"{' (the faster of two)' if repeats == 2 else ''}, and every repeat's answer is compared.")
 
 
+def _auto_note(c: dict) -> str:
+    """Whether auto drafted with the draft model in this run (older results do not say)."""
+    if "auto" not in c.get("methods", []) or c.get("auto_draft_model") is None or not c.get("draft"):
+        return ""
+    if c["auto_draft_model"]:
+        return " auto chose per step between copying and the draft model."
+    return (" auto ran as the default does with this target, copying only: the draft model was loaded for the"
+            " draft-model methods alone.")
+
+
 def write_report(results: dict, out_dir: Path) -> str:
     c = results["config"]
     lines = [
@@ -69,7 +79,7 @@ def write_report(results: dict, out_dir: Path) -> str:
         f" max {c['max_new_tokens']} new tokens, temperature {c['temperature']}. Speedup = tokens/s against plain"
         " decoding of the same target in the same process (aggregate over all prompts; median and worst of the per-prompt ratios beside it)."
         " Decode speedup leaves out the target's prompt prefill, which is the same work for every method (a draft"
-        " model's own prefill stays in)." + _repeats_note(c),
+        " model's own prefill stays in)." + _auto_note(c) + _repeats_note(c),
         "",
         *method_table(results["summary"]),
         "",

@@ -219,6 +219,7 @@ def run_bench_cli(args) -> int:
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "repeats": args.repeats,
         "target": engine.target.name, "target_dtype": engine.target.precision,
         "draft": engine.draft.name if engine.draft else None, "draft_dtype": engine.draft.dtype if engine.draft else None,
+        "auto_draft_model": engine.auto_draft_model,
         "wall_seconds": time.time() - started,
     }
     results = {

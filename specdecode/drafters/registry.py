@@ -29,7 +29,7 @@ DRAFTERS: dict[str, DrafterSpec] = {
     spec.name: spec
     for spec in (
         DrafterSpec("auto", False, lambda engine: AutoDrafter(
-            engine.drafter("suffix"), engine.drafter("draft") if engine.draft is not None else None),
+            engine.drafter("suffix"), engine.drafter("draft") if engine.draft is not None and engine.auto_draft_model else None),
                     "per step: copy from this or earlier requests, else the draft model where it pays"),
         DrafterSpec("none", False, None, "plain decoding, one target pass per token"),
         DrafterSpec("lookup", False, lambda engine: PromptLookupDrafter(),
