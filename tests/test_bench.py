@@ -264,3 +264,20 @@ def test_repeated_timings_keep_the_median_and_never_copy_an_earlier_repeat(smoll
     assert {"bench:suffix:0", "bench:suffix:1", "bench:suffix:2"} <= set(engine.suffix_store._latest)
     timed = [[row("ar", 10, seconds)] for seconds in (3.0, 1.0, 2.0)]
     assert _median_repeat(timed)[0].seconds == 2.0 and _median_repeat(timed[:2])[0].seconds == 1.0
+
+
+def test_peers_run_each_prompt_right_after_specdecodes_methods_ran_it(smollm2):
+    """bench --peers times llama.cpp in the same minutes as specdecode, prompt by prompt, not after all of them."""
+    from specdecode.bench.prompts import BenchPrompt
+    from specdecode.bench.runner import run_bench
+    from specdecode.engine import Engine
+    from specdecode.sampling import SamplingParams
+
+    engine = Engine(smollm2, max_context=512)
+    prompts = [BenchPrompt(f"p{i}", "c", (text,)) for i, text in enumerate(("Say hi.", "Name a colour."))]
+    calls, seen = [], []
+    generate = engine.generate
+    engine.generate = lambda *args, **kwargs: calls.append(kwargs.get("drafter")) or generate(*args, **kwargs)
+    run_bench(engine, prompts, ["ar", "lookup"], "auto", SamplingParams(), 4, progress=False,
+              after_prompt=lambda index, prompt: seen.append((index, prompt.id, len(calls))))
+    assert seen == [(0, "p0", 4), (1, "p1", 6)]  # two warm-up calls, then both methods of each prompt

@@ -87,7 +87,7 @@ def test_completion_perf_print_gives_the_one_token_evaluations():
 
 def test_llama_bench_json_gives_tg_and_batch_costs():
     bench = parse_llama_bench(BENCH_JSON + "\n")
-    assert bench["tg"] == {"n_gen": 16, "tokens_per_s": pytest.approx(18.347862), "stddev_tokens_per_s": 0.0,
+    assert bench["tg"] == {"n_gen": 16, "depth": 0, "tokens_per_s": pytest.approx(18.347862), "stddev_tokens_per_s": 0.0,
                            "seconds": pytest.approx(0.8720362), "threads": 2}
     assert sorted(bench["pp"]) == [5, 16] and bench["build"] == "0c1e570 (1)"
     costs = block_costs(bench)
@@ -172,6 +172,9 @@ def test_real_short_run_on_smollm2(smollm2, monkeypatch):
     runs, info = llamacpp_peer(args, [prompt], smollm2.tokenizer)
     assert not info["notes"], info["notes"]  # no failure, and llama.cpp read the same prompt tokens
     assert runs["llama.cpp"][0]["new_tokens"] == 16 and sorted(info["block_costs"]) == [5]
+    # llama.cpp's plain figure: llama-bench's tg at the prompt's depth; its tg at depth 0 stays in info.
+    n_prompt = len(smollm2.tokenizer.encode(peers._chat_text(smollm2.tokenizer, prompt)))
+    assert runs["llama.cpp"][0]["depth"] == n_prompt and info["bench"]["tg"]["depth"] == 0
     for label in ("llama.cpp-draft-k4", "llama.cpp-draft-k8", "llama.cpp-ngram-k8"):
         (row,) = runs[label]
         assert row["decode_only"] and row["new_tokens"] >= 16 and row["tokens_per_s"] > 0

@@ -149,7 +149,7 @@ def parse_llama_bench(text: str) -> dict:
         out["build"] = f"{r.get('build_commit')} ({r.get('build_number')})"
         out["cpu"] = r.get("cpu_info")
         if r["n_gen"] > 0 and r["n_prompt"] == 0:
-            out["tg"] = {"n_gen": int(r["n_gen"]), **entry}
+            out["tg"] = {"n_gen": int(r["n_gen"]), "depth": int(r.get("n_depth", 0)), **entry}
         elif r["n_prompt"] > 0 and r["n_gen"] == 0:
             out["pp"][int(r["n_prompt"])] = {"n_prompt": int(r["n_prompt"]), **entry}
     if out["tg"] is None and not out["pp"]:
@@ -183,12 +183,12 @@ def _run(cmd: list[str], timeout: float, stdout_only: bool = False) -> str:
 
 
 def llama_bench_cmd(bin_dir: Path, model: Path, threads: int, n_gen: int = BENCH_TG,
-                    batches=BENCH_BATCHES, reps: int | None = None) -> list[str]:
+                    batches=BENCH_BATCHES, reps: int | None = None, depth: int = 0) -> list[str]:
     # One call runs the same tests as `-p 0 -n 128` plus `-p 5,9,16 -n 0` (llama-bench runs each -p and
-    # each -n as a separate test), loading the model once.
+    # each -n as a separate test), loading the model once. depth: tokens in the cache before the test (-d).
     cmd = [str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads),
            "-p", ",".join(str(b) for b in batches) or "0", "-n", str(n_gen), "-o", "json"]
-    return cmd + (["-r", str(reps)] if reps else [])
+    return cmd + (["-r", str(reps)] if reps else []) + (["-d", str(depth)] if depth else [])
 
 
 def speculative_cmd(bin_dir: Path, target: Path, draft: Path | None, prompt_file: Path, flags: list[str],
@@ -215,77 +215,129 @@ def write_prompt_file(path: Path, text: str) -> Path:
     return path
 
 
+class LlamaCppPeer:
+    """llama.cpp on the bench's prompts, one binary at a time: `start()` once (llama-bench's batch costs and
+    its tg at depth 0), then `prompt()` per prompt, which a bench calls right after specdecode's methods ran
+    that prompt, so both systems are timed in the same minutes of a machine whose memory bandwidth drifts
+    (measured here from 30 to 47 GB/s within an hour). Per prompt: llama-bench's tg at the prompt's depth
+    (`llama.cpp`, llama.cpp's plain decoding the way its users time it), the speculative configurations and
+    llama-completion. Every run is decode-only; failures become notes, never exceptions."""
+
+    def __init__(self, args, tokenizer):
+        self.args, self.tokenizer = args, tokenizer
+        self.runs: dict = {}
+        self.bin_dir, why = find_llamacpp_bin(getattr(args, "llamacpp_bin", None))
+        if self.bin_dir is None:
+            print(f"peers: skipping llama.cpp: {why}", file=sys.stderr)
+            self.info: dict = {"skipped": why}
+            return
+        self.threads = torch.get_num_threads()
+        self.ctx = getattr(args, "ctx", 4096)
+        self.target = registry.resolve(args.model)
+        draft_name = getattr(args, "draft", None)
+        if draft_name in (None, "none", "lookup"):  # specdecode's own draft-free choices: llama.cpp gets the default draft
+            draft_name = registry.DEFAULT_DRAFT
+        draft = registry.resolve(draft_name)
+        self.info = {"bin": str(self.bin_dir), "target": str(self.target), "draft": str(draft), "threads": self.threads,
+                     "timing": "decode-only", "commands": [], "notes": [], "ngram_size_n": NGRAM_SIZE_N,
+                     "plain": f"llama-bench tg{args.max_new_tokens} at each prompt's depth, next to specdecode's runs of it"}
+        self.configs = [(label, draft if with_draft else None, k, flags) for label, with_draft, k, flags in SPEC_CONFIGS]
+        self.has_completion = os.access(self.bin_dir / "llama-completion", os.X_OK)
+        if not self.has_completion:
+            self.info["notes"].append("llama-completion not built: no plain decoding of the same prompts")
+        self.tmp = tempfile.TemporaryDirectory(prefix="specdecode-llamacpp-")
+        self.prompts_run = 0
+
+    @property
+    def active(self) -> bool:
+        return self.bin_dir is not None
+
+    def start(self) -> None:
+        """llama-bench's tg at depth 0 and its small batches (the verify-block comparison), once."""
+        if not self.active:
+            return
+        cmd = llama_bench_cmd(self.bin_dir, self.target, self.threads, n_gen=BENCH_TG, batches=BENCH_BATCHES, reps=BENCH_REPS)
+        self.info["commands"].append(" ".join(cmd))
+        print("peers: llama-bench (tg and small batches) ...", file=sys.stderr)
+        try:
+            bench = parse_llama_bench(_run(cmd, timeout=1800, stdout_only=True))
+            self.info.update(bench=bench, build=bench["build"], block_costs=block_costs(bench))
+        except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+            self._note(f"llama-bench failed: {exc}")
+
+    def prompt(self, index: int, prompt) -> None:
+        """Every llama.cpp run of one prompt (its first turn)."""
+        if not self.active:
+            return
+        text = _chat_text(self.tokenizer, prompt)
+        n_prompt = len(self.tokenizer.encode(text))
+        prompt_file = write_prompt_file(Path(self.tmp.name) / f"prompt{index}.txt", text)
+        n_gen = self.args.max_new_tokens
+        jobs = [("llama.cpp", llama_bench_cmd(self.bin_dir, self.target, self.threads, n_gen=n_gen, batches=(), reps=1,
+                                              depth=n_prompt), self._parse_tg, {})]
+        jobs += [(label, speculative_cmd(self.bin_dir, self.target, model, prompt_file, flags, n_gen, self.threads, self.ctx),
+                  parse_speculative, {"draft_max": k}) for label, model, k, flags in self.configs]
+        if self.has_completion:
+            jobs.append(("llama.cpp-plain-prompts",
+                         completion_cmd(self.bin_dir, self.target, prompt_file, n_gen, self.threads, self.ctx), parse_perf, {}))
+        for label, cmd, parse, extra in jobs:  # one at a time, never in parallel
+            if self.prompts_run == 0:
+                self.info["commands"].append(" ".join(cmd))
+            try:
+                figures = parse(_run(cmd, timeout=120 + 4 * n_gen, stdout_only=label == "llama.cpp"))
+            except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+                self._note(f"{label} on {prompt.id} failed: {exc}")
+                continue
+            if figures.get("prompt_tokens") not in (None, n_prompt):
+                self.info["notes"].append(f"{label} on {prompt.id}: llama.cpp read {figures['prompt_tokens']} prompt"
+                                          f" tokens, specdecode {n_prompt}")
+            self.runs.setdefault(label, []).append({"prompt_id": prompt.id, "decode_only": True, **figures, **extra})
+        self.prompts_run += 1
+
+    @staticmethod
+    def _parse_tg(text: str) -> dict:
+        tg = parse_llama_bench(text)["tg"]
+        if tg is None:
+            raise ValueError("no tg record in llama-bench's JSON output")
+        return {"new_tokens": tg["n_gen"], "seconds": tg["seconds"], "tokens_per_s": tg["tokens_per_s"], "depth": tg.get("depth")}
+
+    def _note(self, note: str) -> None:
+        self.info["notes"].append(note)
+        print(f"peers: {note}", file=sys.stderr)
+
+    def result(self) -> tuple[dict, dict]:
+        if self.active:
+            self.tmp.cleanup()
+        return self.runs, self.info
+
+
 def llamacpp_peer(args, prompts, tokenizer) -> tuple[dict, dict]:
-    """(runs, info): llama.cpp plain (llama-bench tg), speculative per prompt, and its batch costs.
-    Every run is decode-only; runs are empty and info says why when the binaries are absent."""
-    bin_dir, why = find_llamacpp_bin(getattr(args, "llamacpp_bin", None))
-    if bin_dir is None:
-        print(f"peers: skipping llama.cpp: {why}", file=sys.stderr)
-        return {}, {"skipped": why}
-    threads = torch.get_num_threads()
-    ctx = getattr(args, "ctx", 4096)
-    target = registry.resolve(args.model)
-    draft_name = getattr(args, "draft", None)
-    if draft_name in (None, "none", "lookup"):  # specdecode's own draft-free choices: llama.cpp gets the default draft
-        draft_name = registry.DEFAULT_DRAFT
-    draft = registry.resolve(draft_name)
-    info: dict = {"bin": str(bin_dir), "target": str(target), "draft": str(draft), "threads": threads, "timing": "decode-only", "commands": [], "notes": [],
-                  "ngram_size_n": NGRAM_SIZE_N}
-    runs: dict = {}
-    timeout = 120 + 4 * args.max_new_tokens
-
-    cmd = llama_bench_cmd(bin_dir, target, threads, n_gen=BENCH_TG, batches=BENCH_BATCHES, reps=BENCH_REPS)
-    info["commands"].append(" ".join(cmd))
-    print("peers: llama-bench (tg and small batches) ...", file=sys.stderr)
-    try:
-        bench = parse_llama_bench(_run(cmd, timeout=1800, stdout_only=True))
-        info.update(bench=bench, build=bench["build"], block_costs=block_costs(bench))
-        if bench["tg"]:
-            runs["llama.cpp"] = [{"prompt_id": f"llama-bench tg{bench['tg']['n_gen']}", "new_tokens": bench["tg"]["n_gen"],
-                                  "seconds": bench["tg"]["seconds"], "decode_only": True}]
-    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
-        info["notes"].append(f"llama-bench failed: {exc}")
-        print(f"peers: llama-bench failed: {exc}", file=sys.stderr)
-
-    configs = [(label, draft if with_draft else None, k, flags) for label, with_draft, k, flags in SPEC_CONFIGS]
-    has_completion = os.access(bin_dir / "llama-completion", os.X_OK)
-    if not has_completion:
-        info["notes"].append("llama-completion not built: no plain decoding of the same prompts")
-    with tempfile.TemporaryDirectory(prefix="specdecode-llamacpp-") as tmp:
-        for index, prompt in enumerate(prompts):
-            text = _chat_text(tokenizer, prompt)
-            n_prompt = len(tokenizer.encode(text))
-            prompt_file = write_prompt_file(Path(tmp) / f"prompt{index}.txt", text)
-            jobs = [(label, speculative_cmd(bin_dir, target, model, prompt_file, flags, args.max_new_tokens, threads, ctx),
-                     parse_speculative, {"draft_max": k}) for label, model, k, flags in configs]
-            if has_completion:
-                jobs.append(("llama.cpp-plain-prompts",
-                             completion_cmd(bin_dir, target, prompt_file, args.max_new_tokens, threads, ctx), parse_perf, {}))
-            for label, cmd, parse, extra in jobs:  # one at a time, never in parallel
-                if index == 0:
-                    info["commands"].append(" ".join(cmd))
-                try:
-                    figures = parse(_run(cmd, timeout=timeout))
-                except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
-                    info["notes"].append(f"{label} on {prompt.id} failed: {exc}")
-                    print(f"peers: {label} on {prompt.id} failed: {exc}", file=sys.stderr)
-                    continue
-                if figures.get("prompt_tokens") not in (None, n_prompt):
-                    info["notes"].append(f"{label} on {prompt.id}: llama.cpp read {figures['prompt_tokens']} prompt"
-                                         f" tokens, specdecode {n_prompt}")
-                runs.setdefault(label, []).append({"prompt_id": prompt.id, "decode_only": True, **figures, **extra})
-    return runs, info
+    """(runs, info): llama.cpp's batch costs, then every prompt in turn (a bench that has already run)."""
+    peer = LlamaCppPeer(args, tokenizer)
+    peer.start()
+    for index, prompt in enumerate(prompts):
+        peer.prompt(index, prompt)
+    return peer.result()
 
 
 def _llamacpp_runs(args, prompts, tokenizer) -> dict:
     return llamacpp_peer(args, prompts, tokenizer)[0]
 
 
-def run_peers(args, prompts, rows, tokenizer) -> dict:
-    """First turns only, greedy, same max_new_tokens; figures as ratios to specdecode's own plain decoding.
-    Peers run one after the other, never in parallel."""
+def wants_llamacpp(args) -> bool:
     which = getattr(args, "peers", None) if isinstance(getattr(args, "peers", None), str) else "all"
-    runs, info = llamacpp_peer(args, prompts, tokenizer) if which in ("all", "llama.cpp") else ({}, None)
+    return which in ("all", "llama.cpp")
+
+
+def run_peers(args, prompts, rows, tokenizer, llamacpp: LlamaCppPeer | None = None) -> dict:
+    """First turns only, greedy, same max_new_tokens; figures as ratios to specdecode's own plain decoding.
+    Peers run one after the other, never in parallel. `llamacpp`: a peer that already ran each prompt
+    next to specdecode's methods (bench --peers); without it llama.cpp runs every prompt now."""
+    which = getattr(args, "peers", None) if isinstance(getattr(args, "peers", None), str) else "all"
+    if llamacpp is not None:
+        runs, info = llamacpp.result()
+    else:
+        runs, info = llamacpp_peer(args, prompts, tokenizer) if wants_llamacpp(args) else ({}, None)
     if which in ("all", "transformers"):
         runs.update(_transformers_runs(args, prompts, tokenizer))
     runs = {label: [{k: v for k, v in item.items() if k != "token_ids"} for item in items] for label, items in runs.items()}
@@ -350,9 +402,13 @@ def peer_table(peers: dict) -> list[str]:
         lines += ["", f"llama.cpp skipped: {info['skipped']}"]
     elif info:
         lines += ["", f"llama.cpp ({info.get('build') or 'build unknown'}, {info.get('threads')} threads): figures are"
-                  " decode-only tokens/s (prompt prefill left out); `llama.cpp` is llama-bench's tg figure,"
-                  " its own plain for the speculative rows; `llama.cpp-plain-prompts` is llama-completion on the"
+                  " decode-only tokens/s (prompt prefill left out); `llama.cpp` is llama-bench's tg figure"
+                  + (" at each prompt's depth, run right after specdecode's methods on that prompt" if info.get("plain") else "")
+                  + ", its own plain for the speculative rows; `llama.cpp-plain-prompts` is llama-completion on the"
                   " same prompts."]
+        tg0 = (info.get("bench") or {}).get("tg")
+        if tg0 and info.get("plain"):
+            lines.append(f"llama-bench tg{tg0['n_gen']} at depth 0, once before the prompts: {tg0['tokens_per_s']:.2f} tokens/s.")
         costs = info.get("block_costs") or {}
         if costs:
             lines += ["", "| llama.cpp batch | tokens/s | per-token time vs one decode step | block time in decode steps |",

@@ -14,6 +14,7 @@ from ..build import build_engine, parse_k
 from ..drafters.registry import ALIASES, DRAFTERS
 from ..errors import InputError
 from ..sampling import SamplingParams
+from .peers import LlamaCppPeer, run_peers, wants_llamacpp
 from .prompts import BenchPrompt, find_bench_dir, load_suite
 from .report import write_report
 
@@ -65,12 +66,14 @@ def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_to
 
 
 def run_bench(engine, prompts: list[BenchPrompt], methods: list[str], k, sampling: SamplingParams,
-              max_new_tokens: int, max_k: int | None = None, progress: bool = True, repeats: int = 1) -> list[Row]:
+              max_new_tokens: int, max_k: int | None = None, progress: bool = True, repeats: int = 1,
+              after_prompt=None) -> list[Row]:
     """Every prompt with every method; with repeats > 1 each prompt is timed that many times per method and
     the median timing kept (the faster of two), so one slow moment of the machine does not decide a prompt.
 
     Repeat r of a method keeps its own suffix store (namespace bench:METHOD:r): no repeat can copy the
     answer an earlier repeat gave to the same prompt. Every repeat's answer must equal plain decoding's.
+    after_prompt(index, prompt), if given, runs after each prompt's methods (peers timed in the same minutes).
     """
     # Warm-up: first calls pay for page faults, kernel loading and cost calibration.
     warm = prompts[0]
@@ -98,6 +101,8 @@ def run_bench(engine, prompts: list[BenchPrompt], methods: list[str], k, samplin
                     row.identical = all(answer[row.turn] == plain[row.turn]
                                         for answer in outputs[row.method] for plain in outputs["ar"])
         rows.extend(prompt_rows)
+        if after_prompt is not None:
+            after_prompt(index, prompt)
         bar.set_postfix_str(_progress_note(rows))
     bar.close()
     return rows
@@ -210,7 +215,12 @@ def run_bench_cli(args) -> int:
     started = time.time()
     if args.repeats < 1:
         raise InputError("--repeats must be >= 1")
-    rows = run_bench(engine, prompts, methods, k, sampling, args.max_new_tokens, args.max_k, repeats=args.repeats)
+    llamacpp = None
+    if args.peers and wants_llamacpp(args):  # llama.cpp runs each prompt right after specdecode's methods
+        llamacpp = LlamaCppPeer(args, engine.tokenizer)
+        llamacpp.start()
+    rows = run_bench(engine, prompts, methods, k, sampling, args.max_new_tokens, args.max_k, repeats=args.repeats,
+                     after_prompt=llamacpp.prompt if llamacpp is not None else None)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = {
@@ -234,9 +244,7 @@ def run_bench_cli(args) -> int:
     # Written before the peers run, so a failing peer never costs the specdecode figures.
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     if args.peers:
-        from .peers import run_peers
-
-        results["peers"] = run_peers(args, prompts, rows, engine.tokenizer)
+        results["peers"] = run_peers(args, prompts, rows, engine.tokenizer, llamacpp=llamacpp)
         (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     report = write_report(results, out_dir)
     print(report)
