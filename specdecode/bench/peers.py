@@ -324,21 +324,24 @@ def _llamacpp_runs(args, prompts, tokenizer) -> dict:
     return llamacpp_peer(args, prompts, tokenizer)[0]
 
 
+def _peers_asked(args) -> str:
+    """--peers' value: all, llama.cpp or transformers (a bare flag, or a caller without one, means all)."""
+    return args.peers if isinstance(getattr(args, "peers", None), str) else "all"
+
+
 def wants_llamacpp(args) -> bool:
-    which = getattr(args, "peers", None) if isinstance(getattr(args, "peers", None), str) else "all"
-    return which in ("all", "llama.cpp")
+    return _peers_asked(args) in ("all", "llama.cpp")
 
 
 def run_peers(args, prompts, rows, tokenizer, llamacpp: LlamaCppPeer | None = None) -> dict:
     """First turns only, greedy, same max_new_tokens; figures as ratios to specdecode's own plain decoding.
     Peers run one after the other, never in parallel. `llamacpp`: a peer that already ran each prompt
     next to specdecode's methods (bench --peers); without it llama.cpp runs every prompt now."""
-    which = getattr(args, "peers", None) if isinstance(getattr(args, "peers", None), str) else "all"
     if llamacpp is not None:
         runs, info = llamacpp.result()
     else:
         runs, info = llamacpp_peer(args, prompts, tokenizer) if wants_llamacpp(args) else ({}, None)
-    if which in ("all", "transformers"):
+    if _peers_asked(args) in ("all", "transformers"):
         runs.update(_transformers_runs(args, prompts, tokenizer))
     runs = {label: [{k: v for k, v in item.items() if k != "token_ids"} for item in items] for label, items in runs.items()}
     return {"runs": runs, "summary": summarise_peers(runs, [vars(r) for r in rows]), "llamacpp": info}
