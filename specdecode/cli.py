@@ -181,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=int, default=10, help="prompts (per category for specbench and short)")
     b.add_argument("--offset", type=int, default=0, help="skip this many prompts (per category) first, to continue an earlier run")
     b.add_argument("--categories", default=None, help="comma-separated categories (specbench, short)")
-    b.add_argument("--drafters", default=None, help="comma-separated methods: ar,draft,lookup (default: ar + the --draft one)")
+    b.add_argument("--drafters", default=None, help="comma-separated methods: ar,draft,lookup,auto,... (default: ar + the --draft one); "
+                   "DRAFTER:nostore runs that drafter without the cross-request store (e.g. auto:nostore)")
     b.add_argument("--bench-dir", default=None, help="folder with humaneval.jsonl / specbench.jsonl")
     b.add_argument("--repeats", type=int, default=1,
                    help="time each prompt this many times per method and keep the median (the faster of two):"

@@ -281,3 +281,25 @@ def test_peers_run_each_prompt_right_after_specdecodes_methods_ran_it(smollm2):
     run_bench(engine, prompts, ["ar", "lookup"], "auto", SamplingParams(), 4, progress=False,
               after_prompt=lambda index, prompt: seen.append((index, prompt.id, len(calls))))
     assert seen == [(0, "p0", 4), (1, "p1", 6)]  # two warm-up calls, then both methods of each prompt
+
+
+def test_a_nostore_method_runs_its_drafter_without_earlier_requests(smollm2):
+    """auto:nostore is auto with the cross-request store out of reach: the ablation of the store in one run."""
+    from specdecode.bench.prompts import BenchPrompt
+    from specdecode.bench.runner import run_bench
+    from specdecode.engine import Engine
+    from specdecode.sampling import SamplingParams
+
+    engine = Engine(smollm2, max_context=512)
+    store, matches = engine.suffix_store, []
+    best_match = store.best_match
+    store.best_match = lambda namespace, *args: matches.append((namespace, best_match(namespace, *args))) or matches[-1][1]
+    text = ("Count from one to ten in words.", "Again, the same way.")
+    prompts = [BenchPrompt(f"p{i}", "c", text) for i in range(2)]  # the same chat twice: the store has it
+    rows = run_bench(engine, prompts, ["ar", "auto", "auto:nostore"], "auto", SamplingParams(), 24, progress=False)
+    assert sorted((r.method, r.identical) for r in rows if r.method != "ar") == [("auto", True)] * 4 + [("auto:nostore", True)] * 4
+    found = {ns for ns, match in matches if match is not None}
+    assert "bench:auto" in found  # the second chat copies the first from the store
+    assert not [ns for ns in found if "nostore" in ns]
+    # A namespace per request (the warm-up's and 2 chats x 2 turns), never shared.
+    assert len({ns for ns, _ in matches if "nostore" in ns}) == 5

@@ -1,6 +1,7 @@
 """specdecode bench: plain vs speculative decoding of the same target, same prompts, same process."""
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import sys
@@ -40,6 +41,17 @@ class Row:
     accepted_by_k: dict[int, int] = field(default_factory=dict)  # accepted draft tokens by draft length
 
 
+# A method spelled DRAFTER:nostore runs that drafter without the cross-request store: every request gets a
+# namespace of its own, so the store never offers it an earlier request (an ablation in the same run).
+NO_STORE = ":nostore"
+_FRESH_NAMESPACES = itertools.count()
+
+
+def method_drafter(method: str) -> str:
+    """The drafter a bench method runs (the method name less its :nostore)."""
+    return method[: -len(NO_STORE)] if method.endswith(NO_STORE) else method
+
+
 def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_tokens, max_k,
                namespace: str | None = None) -> tuple[list[Row], list[list[int]]]:
     """Answer every turn of one prompt with one method, as a chat; returns rows and token ids per turn.
@@ -50,11 +62,14 @@ def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_to
     engine.reset()
     history: list[dict] = []
     rows, outputs = [], []
+    namespace = namespace or f"bench:{method}"
     for turn_index, turn in enumerate(prompt.turns):
         history.append({"role": "user", "content": turn})
+        if method.endswith(NO_STORE):
+            namespace = f"bench:{method}:{next(_FRESH_NAMESPACES)}"
         result = engine.generate(
-            list(history), drafter=method, k=k if method != "ar" else 0,
-            sampling=sampling, max_new_tokens=max_new_tokens, max_k=max_k, namespace=namespace or f"bench:{method}",
+            list(history), drafter=method_drafter(method), k=k if method != "ar" else 0,
+            sampling=sampling, max_new_tokens=max_new_tokens, max_k=max_k, namespace=namespace,
         )
         history.append({"role": "assistant", "content": result.text})
         s = result.stats
@@ -205,12 +220,14 @@ def run_bench_cli(args) -> int:
     if not prompts:
         raise InputError(f"no prompts left after --offset {args.offset}")
     requested = args.drafters.split(",") if args.drafters else []
-    engine, drafter = build_engine(args, with_draft_model=any(m in DRAFTERS and DRAFTERS[m].needs_draft_model for m in requested))
+    engine, drafter = build_engine(args, with_draft_model=any(
+        method_drafter(m) in DRAFTERS and DRAFTERS[method_drafter(m)].needs_draft_model for m in requested))
     methods = requested or ["ar", drafter]
     methods = [m for m in dict.fromkeys(["ar"] + methods) if m != "none"]
     for m in methods:
-        if m not in DRAFTERS and m not in ALIASES:
-            raise InputError(f"unknown method '{m}' in --drafters (choose from ar, {', '.join(DRAFTERS)})")
+        if method_drafter(m) not in DRAFTERS and m not in ALIASES:
+            raise InputError(f"unknown method '{m}' in --drafters (choose from ar, {', '.join(DRAFTERS)}; "
+                             f"DRAFTER{NO_STORE} runs one without the cross-request store)")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     started = time.time()
     if args.repeats < 1:
