@@ -68,6 +68,14 @@ def _auto_note(c: dict) -> str:
             " draft-model methods alone.")
 
 
+def _ceiling_lines(summary: dict) -> list[str]:
+    ceiling = summary.get("ar", {}).get("prefill_ceiling")
+    if not ceiling:
+        return []
+    return [f"Ceiling {ceiling:.2f}x: the speedup any method would reach if decoding cost nothing, since every method"
+            " runs the same target prefill (plain decoding's total time over its prefill time).", ""]
+
+
 def write_report(results: dict, out_dir: Path) -> str:
     c = results["config"]
     lines = [
@@ -83,6 +91,7 @@ def write_report(results: dict, out_dir: Path) -> str:
         "",
         *method_table(results["summary"]),
         "",
+        *_ceiling_lines(results["summary"]),
     ]
     if len(results["by_category"]) > 1:
         lines += ["## Per category", "",
