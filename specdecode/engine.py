@@ -182,10 +182,11 @@ class Engine:
         min_confidence: float = 0.0,
         max_k: int | None = None,
         should_stop: Callable[[], bool] | None = None,
-        namespace: str = "",
+        namespace: str | None = "",
     ) -> Iterator[StreamEvent]:
         """Generate, one event per speculative step. namespace: whose request this is; drafters that learn
-        from earlier requests (suffix) propose only from the same namespace's."""
+        from earlier requests (suffix) propose only from the same namespace's. None: this request neither
+        copies from earlier requests nor is kept for later ones."""
         sampling = sampling or SamplingParams()
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")

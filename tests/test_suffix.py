@@ -57,3 +57,15 @@ def test_the_drafter_copies_from_the_store_or_the_context_whichever_matches_furt
     assert drafter.propose([5, 11, 12, 13], 3, GREEDY, GREEDY.noise()).tokens == []
     drafter.end([1, 2, 3, 4, 5])
     assert store.best_match("b", [1, 2, 3], max_match=32) is not None
+
+
+def test_a_request_without_a_namespace_neither_copies_from_the_store_nor_joins_it():
+    store = SuffixStore()
+    store.add("", [10, 11, 12, 13, 14, 15, 16])
+    drafter = SuffixDrafter(store)
+    drafter.begin([], None)
+    assert drafter.propose([5, 11, 12, 13], 3, GREEDY, GREEDY.noise()).tokens == []
+    context = [9, 10, 11, 12, 13, 20, 21, 9, 10, 11, 12, 13]  # its own text it still copies
+    assert drafter.propose(context, 2, GREEDY, GREEDY.noise()).tokens == [20, 21]
+    drafter.end([1, 2, 3, 4, 5])
+    assert len(store) == 1 and store.tokens == 7  # the store kept nothing of it

@@ -1,7 +1,6 @@
 """specdecode bench: plain vs speculative decoding of the same target, same prompts, same process."""
 from __future__ import annotations
 
-import itertools
 import json
 import statistics
 import sys
@@ -41,10 +40,9 @@ class Row:
     accepted_by_k: dict[int, int] = field(default_factory=dict)  # accepted draft tokens by draft length
 
 
-# A method spelled DRAFTER:nostore runs that drafter without the cross-request store: every request gets a
-# namespace of its own, so the store never offers it an earlier request (an ablation in the same run).
+# A method spelled DRAFTER:nostore runs that drafter without the cross-request store (namespace None: its
+# requests neither copy from earlier ones nor are kept), to measure the store in the same run.
 NO_STORE = ":nostore"
-_FRESH_NAMESPACES = itertools.count()
 
 
 def method_drafter(method: str) -> str:
@@ -62,11 +60,9 @@ def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_to
     engine.reset()
     history: list[dict] = []
     rows, outputs = [], []
-    namespace = namespace or f"bench:{method}"
+    namespace = None if method.endswith(NO_STORE) else namespace or f"bench:{method}"
     for turn_index, turn in enumerate(prompt.turns):
         history.append({"role": "user", "content": turn})
-        if method.endswith(NO_STORE):
-            namespace = f"bench:{method}:{next(_FRESH_NAMESPACES)}"
         result = engine.generate(
             list(history), drafter=method_drafter(method), k=k if method != "ar" else 0,
             sampling=sampling, max_new_tokens=max_new_tokens, max_k=max_k, namespace=namespace,

@@ -36,7 +36,7 @@ class AutoDrafter(Drafter):
         if self.model is not None:
             self.model.reset()
 
-    def begin(self, context: list[int], namespace: str = "") -> None:
+    def begin(self, context: list[int], namespace: str | None = "") -> None:
         self.copier.begin(context, namespace)
         if self.model is not None:
             self.model.sync(context)

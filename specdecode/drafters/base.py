@@ -83,9 +83,9 @@ class Drafter:
         """The DraftModelDrafter this drafter drafts with, if any (its costs are measured up front)."""
         return None
 
-    def begin(self, context: list[int], namespace: str = "") -> None:
+    def begin(self, context: list[int], namespace: str | None = "") -> None:
         """A generation starts from context (the prompt but its last token). namespace: whose request it is,
-        for drafters that remember earlier requests (see suffix.py)."""
+        for drafters that remember earlier requests (see suffix.py); None for a request to remember nothing of."""
         self.sync(context)
 
     def end(self, sequence: list[int]) -> None:

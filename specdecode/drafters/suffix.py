@@ -20,9 +20,10 @@ class SuffixDrafter(PromptLookupDrafter):
     def __init__(self, store: SuffixStore, **lookup_options):
         super().__init__(**lookup_options)
         self.store = store
-        self.namespace = ""
+        self.namespace: str | None = ""
 
-    def begin(self, context: list[int], namespace: str = "") -> None:
+    def begin(self, context: list[int], namespace: str | None = "") -> None:
+        """namespace None: neither copy from earlier requests nor keep this one (prompt lookup alone)."""
         self.namespace = namespace
         self.sync(context)
 
@@ -32,7 +33,7 @@ class SuffixDrafter(PromptLookupDrafter):
             return Draft()
         self._sync_index(context)
         local = self._best_match(context)
-        earlier = self.store.best_match(self.namespace, context, self.max_match)
+        earlier = None if self.namespace is None else self.store.best_match(self.namespace, context, self.max_match)
         if earlier is not None and (local is None or earlier.length > local[1]):
             source, tokens, end, length = "store", earlier.tokens, earlier.end, earlier.length
         elif local is not None:
@@ -44,4 +45,5 @@ class SuffixDrafter(PromptLookupDrafter):
         return draft
 
     def end(self, sequence: list[int]) -> None:
-        self.store.add(self.namespace, sequence)
+        if self.namespace is not None:
+            self.store.add(self.namespace, sequence)
