@@ -1,4 +1,5 @@
 """SuffixStore and the suffix drafter: matches across requests, namespaces kept apart, memory capped."""
+from specdecode.drafters.base import StopRule
 from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.drafters.suffix_store import SuffixStore
 from specdecode.sampling import SamplingParams
@@ -69,3 +70,30 @@ def test_a_request_without_a_namespace_neither_copies_from_the_store_nor_joins_i
     assert drafter.propose(context, 2, GREEDY, GREEDY.noise()).tokens == [20, 21]
     drafter.end([1, 2, 3, 4, 5])
     assert len(store) == 1 and store.tokens == 7  # the store kept nothing of it
+
+
+class _Calibrated(StopRule):
+    """Each source's acceptance per token, whatever the confidence."""
+
+    def __init__(self, acceptance: dict[str, float], source: str = ""):
+        self.rates, self.source = acceptance, source
+
+    def for_source(self, source: str) -> StopRule:
+        return _Calibrated(self.rates, source)
+
+    def acceptance(self, confidence: float) -> float:
+        return self.rates[self.source]
+
+
+def test_the_drafter_takes_the_copy_its_calibration_expects_more_of():
+    store = SuffixStore()
+    store.add("a", [7, 8, 9, 10, 11, 12, 13, 30, 31, 32])  # matches the context 5 tokens back
+    drafter = SuffixDrafter(store)
+    drafter.begin([], "a")
+    context = [12, 13, 20, 21, 22, 9, 10, 11, 12, 13]  # its own text matches 2 tokens back
+    noise = GREEDY.noise()
+    assert drafter.propose(context, 3, GREEDY, noise).tokens == [30, 31, 32]  # uncalibrated: the longer match
+    trusted = drafter.propose(context, 3, GREEDY, noise, _Calibrated({"lookup": 0.5, "store": 0.9}))
+    assert (trusted.source, trusted.tokens) == ("store", [30, 31, 32])
+    doubted = drafter.propose(context, 3, GREEDY, noise, _Calibrated({"lookup": 0.5, "store": 0.2}))
+    assert (doubted.source, doubted.tokens) == ("lookup", [20, 21, 22])

@@ -1,7 +1,10 @@
 """Suffix drafting: prompt lookup over the current context, and over earlier requests in a SuffixStore.
 
-Each step copies from whichever matches the context's last tokens further back: the text of this
-request (as prompt lookup does) or an earlier request of the same namespace. At the end of a
+Each step copies the context's last tokens' continuation from the text of this request (as prompt
+lookup does) or from an earlier request of the same namespace, whichever copy the target is expected
+to accept more of: each source's calibrated acceptance at its match length (a long match in the store
+after an instruction many requests share is often right for a few tokens only), or, before anything is
+calibrated, the match that reaches further back. At the end of a
 generation the whole sequence joins the store, so the next request can copy from it. Free to run,
 like prompt lookup; its drafts go through the same confidence scores and stop rule.
 """
@@ -11,6 +14,15 @@ from ..sampling import PositionNoise, SamplingParams
 from .base import Draft, StopRule
 from .lookup import PromptLookupDrafter, copy_draft
 from .suffix_store import SuffixStore
+
+
+def expected_accepted(draft: Draft, rule: StopRule) -> float:
+    """Tokens of the draft the target is expected to accept: a token counts only if all before it are accepted."""
+    expected, chain = 0.0, 1.0
+    for confidence in draft.confidences:
+        chain *= rule.acceptance(confidence)
+        expected += chain
+    return expected
 
 
 class SuffixDrafter(PromptLookupDrafter):
@@ -34,12 +46,19 @@ class SuffixDrafter(PromptLookupDrafter):
         self._sync_index(context)
         local = self._best_match(context)
         earlier = None if self.namespace is None else self.store.best_match(self.namespace, context, self.max_match)
-        if earlier is not None and (local is None or earlier.length > local[1]):
-            source, tokens, end, length = "store", earlier.tokens, earlier.end, earlier.length
-        elif local is not None:
-            source, tokens, (end, length) = "lookup", context, local
-        else:
+        drafts = []  # this request's copy first: it wins ties
+        if local is not None:
+            drafts.append(self._copy("lookup", context, *local, k, stop_rule))
+        if earlier is not None:
+            drafts.append(self._copy("store", earlier.tokens, earlier.end, earlier.length, k, stop_rule))
+        if not drafts:
             return Draft(source="lookup")
+        if stop_rule is None:  # nothing calibrated: the match that reaches further back
+            return max(drafts, key=lambda d: d.confidences[0] if d.confidences else 0.0)
+        return max(drafts, key=lambda d: expected_accepted(d, stop_rule.for_source(d.source)))
+
+    @staticmethod
+    def _copy(source: str, tokens: list[int], end: int, length: int, k: int, stop_rule: StopRule | None) -> Draft:
         draft = copy_draft(tokens, end, length, k, stop_rule.for_source(source) if stop_rule else None)
         draft.source = source
         return draft
