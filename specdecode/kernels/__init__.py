@@ -23,6 +23,7 @@ from .weights import (
     GGUF_KERNEL_TYPES,
     Q4_K_UNPACKED,
     Q4_K_X16,
+    Q5_0_X16,
     Q6_K_X16,
     Q8_0,
     QUANT_ISA,

@@ -126,7 +126,8 @@ torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts
     const auto& p = parts[i];
     TORCH_CHECK(p.scalar_type() == at::kByte && p.dim() == 2 && p.is_contiguous(), "quant_linear: parts must be contiguous uint8 matrices");
     TORCH_CHECK(in % qk == 0 && p.size(1) == in / qk * bytes, "quant_linear: row size does not match the input size");
-    TORCH_CHECK((types[i] != qd_avx2::Q4_K_X16 && types[i] != qd_avx2::Q6_K_X16) || p.size(0) % 16 == 0,
+    TORCH_CHECK((types[i] != qd_avx2::Q4_K_X16 && types[i] != qd_avx2::Q6_K_X16 && types[i] != qd_avx2::Q5_0_X16) ||
+                    p.size(0) % 16 == 0,
                 "quant_linear: interleaved blocks come in groups of 16 rows");
     (is_k_type(types[i]) ? need_k : need_32) = true;
     ptrs.push_back(p.data_ptr<uint8_t>());
@@ -215,12 +216,23 @@ void q6k_fields(int r, F&& f) {  // from Q6_K: 128 bytes of low nibbles, 64 of h
   }
 }
 
-// Q4_K_UNPACKED or Q6_K blocks [rows, n * bytes] (rows a multiple of 16) to their interleaved layout (Q4KX16,
-// Q6KX16 in quant_dot_impl.h), the same size; to_x16 false converts back (for selecting rows). Bits move,
-// none changes.
+template <class F>
+void q5_0_fields(int r, F&& f) {  // from Q5_0: d, 4 bytes of fifth bits (bit w for column w), 16 bytes of nibbles
+  using X = qd_avx2::Q50X16;
+  for (int i = 0; i < 2; ++i) f(i, 0, X::D + 2 * r + i, 0, 8);
+  for (int w = 0; w < 32; ++w) {  // column w: low nibble of byte w for w < 16, high nibble of byte w - 16 above
+    const int bit = 4 * r + w % 4;  // in fifth-bit word w / 4
+    f(6 + w % 16, w / 16 * 4, X::QS + 64 * (w / 8) + 4 * r + w % 4, w % 8 / 4 * 4, 4);
+    f(2 + w / 8, w % 8, X::QH + 8 * (w / 4) + bit / 8, bit % 8, 1);
+  }
+}
+
+// Q4_K_UNPACKED, Q6_K or Q5_0 blocks [rows, n * bytes] (rows a multiple of 16) to their interleaved layout
+// (Q4KX16, Q6KX16, Q50X16 in quant_dot_impl.h), the same size; to_x16 false converts back (for selecting
+// rows). Bits move, none changes.
 torch::Tensor interleave_k_cpu(torch::Tensor blocks, int64_t type, bool to_x16) {
-  TORCH_CHECK(type == qd_avx2::Q4_K_UNPACKED || type == 14, "interleave_k: Q4_K_UNPACKED or Q6_K blocks only");
-  const int64_t bytes = type == 14 ? 210 : 148;
+  TORCH_CHECK(type == qd_avx2::Q4_K_UNPACKED || type == 14 || type == 6, "interleave_k: Q4_K_UNPACKED, Q6_K or Q5_0 blocks only");
+  const int64_t bytes = type == 14 ? 210 : type == 6 ? 22 : 148;
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.size(1) % bytes == 0 && blocks.size(0) % 16 == 0,
               "interleave_k: uint8 [16k rows, n blocks] expected");
   auto src = blocks.contiguous();
@@ -240,6 +252,7 @@ torch::Tensor interleave_k_cpu(torch::Tensor blocks, int64_t type, bool to_x16) 
           else op[row_at + ro] |= (uint8_t)(((in[x_at + xo] >> xs) & mask) << rs);
         };
         if (type == 14) q6k_fields(r, move);
+        else if (type == 6) q5_0_fields(r, move);
         else q4k_fields(r, move);
       }
     }

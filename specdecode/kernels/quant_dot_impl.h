@@ -22,6 +22,7 @@
 constexpr int64_t Q4_K_UNPACKED = 112;  // not a ggml type: Q4_K repacked by repack_q4k (weights.py: Q4_K_UNPACKED)
 constexpr int64_t Q4_K_X16 = 113;       // not ggml types: Q4_K and Q6_K with 16 rows interleaved (interleave_k,
 constexpr int64_t Q6_K_X16 = 114;       // Q4KX16 and Q6KX16)
+constexpr int64_t Q5_0_X16 = 115;       // not a ggml type: Q5_0 with 16 rows interleaved (Q50X16)
 constexpr int MAX_M = 16;  // activation rows per call: a decode step, a verify block, a prefill chunk
 
 // The quantized activations of one call (see quantize_* in quant_dot.cpp).
@@ -543,6 +544,7 @@ static inline XI x_i8_to_16(const uint8_t* p) { return _mm512_cvtepi8_epi16(_mm2
 static inline XF x_halfs(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 static inline XF x_cvt(XI v) { return _mm512_cvtepi32_ps(v); }
 static inline XF x_set1(float v) { return _mm512_set1_ps(v); }
+static inline XI x_set1_i32(int32_t v) { return _mm512_set1_epi32(v); }
 static inline XF x_mul(XF a, XF b) { return _mm512_mul_ps(a, b); }
 static inline XF x_fma(XF a, XF b, XF c) { return _mm512_fmadd_ps(a, b, c); }
 static inline XF x_loadf(const float* p) { return _mm512_load_ps(p); }
@@ -563,6 +565,14 @@ static inline XI x_dot_scaled(const XI* lo, const XI* hi, const int8_t* x, XI sc
   return _mm512_mullo_epi32(CHAINS == 1 ? p[0] : x_add(p[0], p[1]), scales);  // |sum| <= 16 * 63 * 127: int32
 }
 constexpr int X16_TOKENS = 16;  // s[16], 8 weight vectors and the scales fit the 32 registers
+// acc + the byte dots of w with the 4 bytes at p in every lane.
+static inline XI x_dot4(XI acc, XI w, const int8_t* p) { return x_dot_bcast(acc, w, p); }
+// Fifth bits of 16 rows x 4 columns: bit b of the 64 at p becomes 0x10 in byte b.
+static inline XI x_fifth_bits(const uint8_t* p, int) {
+  uint64_t m;
+  memcpy(&m, p, 8);
+  return _mm512_maskz_mov_epi8((__mmask64)m, _mm512_set1_epi8(0x10));
+}
 #else
 using XI = __m256i;
 using XF = __m256;
@@ -588,6 +598,7 @@ static inline XI x_i8_to_16(const uint8_t* p) { return _mm256_cvtepi8_epi16(_mm_
 static inline XF x_halfs(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
 static inline XF x_cvt(XI v) { return _mm256_cvtepi32_ps(v); }
 static inline XF x_set1(float v) { return _mm256_set1_ps(v); }
+static inline XI x_set1_i32(int32_t v) { return _mm256_set1_epi32(v); }
 static inline XF x_mul(XF a, XF b) { return _mm256_mul_ps(a, b); }
 static inline XF x_fma(XF a, XF b, XF c) { return _mm256_fmadd_ps(a, b, c); }
 static inline XF x_loadf(const float* p) { return _mm256_load_ps(p); }
@@ -612,10 +623,24 @@ static inline XI x_dot_scaled(const XI* lo, const XI* hi, const int8_t* x, XI sc
   return s;
 }
 constexpr int X16_TOKENS = 4;  // 16 registers
+static inline XI x_dot4(XI acc, XI w, const int8_t* p) {
+  return x_add(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x_bcast4(p)), _mm256_set1_epi16(1)));
+}
+// Fifth bits of rows 8h..8h+7 x 4 columns: bit b of the 32 at p + 4h becomes 0x10 in byte b.
+static inline XI x_fifth_bits(const uint8_t* p, int h) {
+  uint32_t m;
+  memcpy(&m, p + 4 * h, 4);
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
 #endif
 
 template <int T>
 constexpr int CHAINS = T >= 8 ? 1 : 2;
+// Tokens per tile of the interleaved 32-weight types (their accumulators live in memory: 8 lane vectors a token).
+constexpr int X16_LANE_TOKENS = 4;
 
 // Each interleaved type gives, for half h of a group block (all 16 rows with AVX-512, 8 with AVX2), every
 // token's exact block sum s[t] (and offset o[t]), and the rows' float scales d and off_scale.
@@ -685,6 +710,69 @@ struct Q6KX16 {
   static inline XF off_scale(const uint8_t*, int) { return x_set1(0.0f); }
 };
 
+// Q5_0 with 16 rows interleaved, per 32-column group block: the rows' float16 scales, 4 chunks of nibbles laid
+// out as the k-quant groups' (chunk c, bytes 4r..4r+3: columns 8c..8c+3 of row r in the low nibbles, 8c+4..8c+7
+// in the high), then the fifth bits: 8 words of 64, bit 4r+i of word j for column 4j+i of row r. Lane vector j
+// (columns 4j..4j+3 of every row) is what lane j of Q5_0's one-row tile sums, so tile_x16_lanes below can give
+// every row the one-row bits.
+struct Q50X16 {
+  static constexpr int QK = 32, BYTES = 22, ROWS = 16, GROUP_BYTES = 16 * 22;
+  static constexpr int D = 0, QS = 32, QH = 288;  // offsets in a group block
+  static constexpr bool K = false, SIGNED = false, OFFSET = false;
+  static inline XI weights(const uint8_t* g, int h, int j) {  // q = nibble | fifth bit << 4, unsigned 0..31
+    const XI v = x_load(g + QS + 64 * (j / 2) + 4 * XL * h);
+    return x_or(x_and(j % 2 ? x_shl16<-4>(v) : v, 15), x_fifth_bits(g + QH + 8 * j, h));
+  }
+  static inline int32_t fold(int32_t sum32) { return -16 * sum32; }  // the -16 of every weight, in lane 0
+  static inline XF d(const uint8_t* g, int h) { return x_halfs(g + D + 2 * XL * h); }
+};
+
+// One group of 16 rows of a 32-weight type against tokens t0..t0+T-1: tile_lanes()'s integers and float
+// operations for every row at once. Per block and token, lane vector j holds each row's exact sum over columns
+// 4j..4j+3 (plus the fold in lane 0), then acc[j] = fma(float(sum), d * dx, acc[j]); at the end the 8 lanes
+// are added in hsum()'s order ((0+4) + (1+5)) + ((2+6) + (3+7)), plus the offset 0.0f, as tile_lanes() does.
+template <class B, int T>
+void tile_x16_lanes(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
+  constexpr int H = B::ROWS / XL;
+  const int64_t nblk = a.in / B::QK;
+  const bool perturb = perturb_token >= t0 && perturb_token < t0 + T;
+  alignas(64) float acc[T][H][8][XL] = {};
+  alignas(64) float odd[H][8][XL] = {};
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    const uint8_t* g = w + blk * B::GROUP_BYTES;
+    for (int h = 0; h < H; ++h) {
+      XI wv[8];
+      for (int j = 0; j < 8; ++j) wv[j] = B::weights(g, h, j);
+      const XF d = B::d(g, h);
+#pragma GCC unroll 4
+      for (int t = 0; t < T; ++t) {
+        const int64_t tok = t0 + t;
+        const int8_t* x = a.bq + tok * a.in + 32 * blk;
+        const XF scale = x_mul(d, x_set1(a.bd[tok * nblk + blk]));
+        float (*sink)[XL] = (perturb && tok == perturb_token && (blk & 1)) ? odd[h] : acc[t][h];
+        for (int j = 0; j < 8; ++j) {
+          const XI start = j == 0 ? x_set1_i32(B::fold(a.bsum[tok * nblk + blk])) : x_zero();
+          x_storef(sink[j], x_fma(x_cvt(x_dot4(start, wv[j], x + 4 * j)), scale, x_loadf(sink[j])));
+        }
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      auto lanes_sum = [](float (*v)[XL]) {
+        XF l[8];
+        for (int j = 0; j < 8; ++j) l[j] = x_loadf(v[j]);
+        return x_addf(x_addf(x_addf(l[0], l[4]), x_addf(l[1], l[5])), x_addf(x_addf(l[2], l[6]), x_addf(l[3], l[7])));
+      };
+      XF r = lanes_sum(acc[t][h]);
+      if (t0 + t == perturb_token) r = x_addf(r, lanes_sum(odd[h]));
+      r = x_addf(r, x_set1(0.0f));
+      alignas(64) float out[XL];
+      x_storef(out, r);
+      memcpy(y + t * ldy + XL * h, out, sizeof out);
+    }
+}
+
 // One group of 16 weight rows against tokens t0..t0+T-1 (T <= X16_TOKENS); y[t * ldy + r] for row r.
 // perturb_token: as in tile(), that token's odd blocks summed apart (the tests' broken variant).
 template <class B, int T>
@@ -723,16 +811,19 @@ void tile_x16(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy,
 }
 
 // One group of 16 rows against every token: tiles of X16_TOKENS, then the remainder.
-template <class B, int T = X16_TOKENS>
+template <class B, int T = (B::K ? X16_TOKENS : X16_LANE_TOKENS)>
 void group_tokens(const Act& a, int64_t t, int64_t M, const uint8_t* w, float* y, int64_t ldy, int64_t perturb) {
   if constexpr (T > 0) {
-    for (; t + T <= M; t += T) tile_x16<B, T>(a, t, w, y + t * ldy, ldy, perturb);
+    for (; t + T <= M; t += T) {
+      if constexpr (B::K) tile_x16<B, T>(a, t, w, y + t * ldy, ldy, perturb);
+      else tile_x16_lanes<B, T>(a, t, w, y + t * ldy, ldy, perturb);
+    }
     group_tokens<B, T - 1>(a, t, M, w, y, ldy, perturb);
   }
 }
 
 template <class B>
-constexpr bool interleaved = std::is_same_v<B, Q4KX16> || std::is_same_v<B, Q6KX16>;
+constexpr bool interleaved = std::is_same_v<B, Q4KX16> || std::is_same_v<B, Q6KX16> || std::is_same_v<B, Q50X16>;
 
 // Output rows [begin, end) of one part (row o of the part at w + o * row bytes, its outputs at y[o]).
 template <class B>
@@ -757,6 +848,7 @@ bool visit_type(int64_t type, F&& f) {
     case Q4_K_UNPACKED: f(Q4KR{}); return true;
     case Q4_K_X16: f(Q4KX16{}); return true;
     case Q6_K_X16: f(Q6KX16{}); return true;
+    case Q5_0_X16: f(Q50X16{}); return true;
     case 14: f(Q6K{}); return true;
     default: return false;
   }
@@ -780,7 +872,7 @@ void run_all(const Act& a, int64_t M, const std::vector<const uint8_t*>& parts, 
     // thread, so that no thread waits long at the end of the call for another's last chunk.
     const int64_t balanced = (rows_of[i] + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
     int64_t rows = std::max<int64_t>(8, std::min(CHUNK_BYTES / row_bytes, balanced));
-    if (types[i] == Q4_K_X16 || types[i] == Q6_K_X16) rows = (rows + 15) / 16 * 16;
+    if (types[i] == Q4_K_X16 || types[i] == Q6_K_X16 || types[i] == Q5_0_X16) rows = (rows + 15) / 16 * 16;
     chunk_rows.push_back(rows);
     first_chunk.push_back(first_chunk.back() + (rows_of[i] + chunk_rows[i] - 1) / chunk_rows[i]);
     first_col.push_back(first_col.back() + rows_of[i]);

@@ -26,9 +26,11 @@ Q4_K_UNPACKED = 112
 # Not ggml types either: Q4_K_UNPACKED and Q6_K with each group of 16 rows interleaved, so one instruction
 # multiplies 16 rows at once and a verify block's tokens share every unpacked weight vector (same bits again).
 Q4_K_X16, Q6_K_X16 = 113, 114
-Q6_K = 14
-_INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148), Q6_K_X16: (256, 210)}  # per (row) block
-_INTERLEAVED = {Q4_K_UNPACKED: Q4_K_X16, Q6_K: Q6_K_X16}
+# And Q5_0 (the 0.5B draft's matrices) in groups of 16 rows, whose one-row tiles could not keep up with memory.
+Q5_0_X16 = 115
+Q5_0, Q6_K = 6, 14
+_INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148), Q6_K_X16: (256, 210), Q5_0_X16: (32, 22)}  # per (row) block
+_INTERLEAVED = {Q4_K_UNPACKED: Q4_K_X16, Q6_K: Q6_K_X16, Q5_0: Q5_0_X16}
 _DEINTERLEAVED = {x16: source for source, x16 in _INTERLEAVED.items()}
 # The int8 kernel's instruction set: "auto" picks AVX-512 VNNI where the CPU has it, else AVX2. Both give
 # the same bits; SPECDECODE_ISA=avx2 forces the AVX2 path (for A/B timing).

@@ -134,7 +134,7 @@ def interleaved(kernel, parts):
     for block_type, blocks in parts:
         if block_type == 12:
             block_type, blocks = kernels.Q4_K_UNPACKED, kernel.repack_q4k(blocks)
-        out.append(({kernels.Q4_K_UNPACKED: kernels.Q4_K_X16, 14: kernels.Q6_K_X16}[block_type],
+        out.append(({kernels.Q4_K_UNPACKED: kernels.Q4_K_X16, 14: kernels.Q6_K_X16, 6: kernels.Q5_0_X16}[block_type],
                     kernel.interleave_k(blocks, block_type, True)))
     return out
 
@@ -160,7 +160,27 @@ def test_interleaved_k_quants_give_the_gguf_bits(kernel):
             assert not torch.equal(run(kernel, x[:1], broken, isa), run(kernel, x[:1], parts, isa)), (i, isa)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_interleaved_q5_0_gives_the_gguf_bits(kernel):
+    """Q5_0 in groups of 16 interleaved rows (kernels.Q5_0_X16, the 0.5B draft's matrices): every row count 1..16
+    and path gives the bits of the GGUF layout, and the interleave undoes exactly. Layouts with two rows' scales
+    swapped, or one fifth bit moved, must fail."""
+    parts, _ = make_parts(("Q5_0",), 48, 224, seed=13)
+    x16 = interleaved(kernel, parts)
+    assert torch.equal(kernel.interleave_k(x16[0][1], 6, False), parts[0][1])
+    x = torch.randn(16, 224, generator=torch.Generator().manual_seed(4)) * 3
+    for isa in isa_paths(kernel):
+        for rows in range(1, 17):
+            assert torch.equal(run(kernel, x[:rows], x16, isa), run(kernel, x[:rows], parts, isa)), (isa, rows)
+    group_block = x16[0][1].view(-1, 16 * 22)
+    for a, b in (([0, 1], [2, 3]), ([288], [289])):  # scales of rows 0 and 1; fifth bits of rows 0-1 and 2-3
+        swapped = group_block.clone()
+        swapped[0, a + b] = swapped[0, b + a]
+        for isa in isa_paths(kernel):
+            broken = [(kernels.Q5_0_X16, swapped.view(x16[0][1].shape))]
+            assert not torch.equal(run(kernel, x[:1], broken, isa), run(kernel, x[:1], parts, isa)), (a, isa)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q5_0"])
 def test_the_interleaved_row_check_fails_when_one_rows_summation_order_changes(kernel, name):
     assert_a_broken_row_is_caught(kernel, interleaved(kernel, make_parts((name,), 32, 768, seed=12)[0]))
 
@@ -178,6 +198,9 @@ def test_quant_weight_unpacks_q4_k(kernel):
     q6 = kernels.QuantWeight(make_parts(("Q6_K",), 48, 512, seed=9)[0])
     assert q6.types == [kernels.Q6_K_X16]
     assert torch.equal(q6.index_select(0, torch.tensor([5, 40])).matmul(x), q6.matmul(x)[:, [5, 40]])
+    q5 = kernels.QuantWeight(make_parts(("Q5_0",), 32, 512, seed=9)[0])
+    assert q5.types == [kernels.Q5_0_X16]
+    assert torch.equal(q5.index_select(0, torch.tensor([7, 30])).matmul(x), q5.matmul(x)[:, [7, 30]])
 
 
 def test_results_do_not_depend_on_the_thread_count(kernel):
