@@ -19,6 +19,8 @@ import torch
 
 from specdecode import registry
 from specdecode.bench.peers import find_llamacpp_bin, parse_llama_bench
+from specdecode.drafters.vocab import restrict_draft_vocabulary
+from specdecode.engine import DRAFT_VOCAB
 from specdecode.models.loader import load_model
 
 SIZES = (1, 2, 5, 9, 16)
@@ -49,6 +51,7 @@ def main() -> None:
     threads = torch.get_num_threads()
     target = load_model(args.model, device="cpu", dtype=args.precision, max_context=1024)
     draft = load_model(args.draft, device="cpu", dtype="int8", max_context=1024)
+    restrict_draft_vocabulary(draft, DRAFT_VOCAB)  # the head a drafting step computes
     context = torch.arange(1000, 1400) % target.vocab_size  # 400 ordinary token ids: the cost does not depend on them
     ours = time_blocks(target, context, args.repeats)
     draft_step = time_blocks(draft, context, args.repeats)[1]

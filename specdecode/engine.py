@@ -19,7 +19,7 @@ from .drafters.base import Drafter
 from .drafters.draft_model import common_prefix_len
 from .drafters.registry import drafter_spec
 from .drafters.suffix_store import SuffixStore
-from .drafters.vocab import frequent_token_ids
+from .drafters.vocab import restrict_draft_vocabulary
 from .errors import InputError, ModelError
 from .models.loader import LoadedModel
 from .models.transformer import Transformer
@@ -56,6 +56,10 @@ class GenerationResult:
         return self.stats.finish_reason
 
 
+# Tokens of the draft model's frequent-vocabulary head (drafters/vocab.py).
+DRAFT_VOCAB = 32768
+
+
 class Engine:
     """Holds the target (and optional draft) model with their caches; generates one sequence at a time."""
 
@@ -66,7 +70,7 @@ class Engine:
         max_context: int | None = None,
         prefill_chunk: int = 1024,
         check_invariants: bool = False,
-        draft_vocab: int | None = 32768,
+        draft_vocab: int | None = DRAFT_VOCAB,
         suffix_store_tokens: int = 262_144,
         auto_draft_model: bool = True,
     ):
@@ -78,10 +82,8 @@ class Engine:
         if draft is not None:
             check_same_tokenizer(target, draft)
             # A draft that is the target object itself must keep the full vocabulary.
-            if draft_vocab and isinstance(draft.model, Transformer) and draft.model is not target.model:
-                subset = frequent_token_ids(draft.tokenizer, draft_vocab)
-                if subset is not None and len(subset) < draft.vocab_size:
-                    draft.model.set_vocab_subset(subset)
+            if isinstance(draft.model, Transformer) and draft.model is not target.model:
+                restrict_draft_vocabulary(draft, draft_vocab)
         self.tokenizer = target.tokenizer
         self.cache = target.model.new_cache(max_context)
         self.max_context = self.cache.max_len

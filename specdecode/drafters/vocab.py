@@ -32,3 +32,12 @@ def frequent_token_ids(tokenizer: Tokenizer, size: int) -> torch.Tensor | None:
         ids = sorted(set(int(t) for t in ranked) | special)
         return torch.tensor(ids, dtype=torch.long)
     return None
+
+
+def restrict_draft_vocabulary(draft, size: int | None) -> None:
+    """Give a draft model (a LoadedModel) the frequent-vocabulary head of `size` tokens where a table fits it."""
+    if not size:
+        return
+    subset = frequent_token_ids(draft.tokenizer, size)
+    if subset is not None and len(subset) < draft.vocab_size:
+        draft.model.set_vocab_subset(subset)
