@@ -51,9 +51,10 @@ def draft_dtype(requested: str, target) -> str:
 def default_draft_model(model: str, target) -> str | None:
     """The draft model the default drafter (auto) may use: the default pair's only where it pays.
 
-    Against the int8 target a 0.5B draft step costs about half a target step, and the adaptive K found
-    drafting with it did not pay on HumanEval (about plain decoding's speed, where copying was clearly
-    faster), so an int8 target drafts by copying alone. The float32 target, and GPUs, load the draft model.
+    Against the int8 target the 0.5B coder model accepts too few tokens for its drafts to beat copying: on
+    HumanEval copying was clearly faster, and on Spec-Bench's categories with little to copy auto with the
+    model ran no faster than without it (docs/bench/HISTORY.md), so an int8 target drafts by copying alone.
+    The float32 target, whose step is dearer, and GPUs load the draft model.
     """
     int8 = getattr(target.model, "int8", False)  # native models; the transformers adapter is never int8
     if model == registry.DEFAULT_TARGET and not int8:
