@@ -265,6 +265,15 @@ struct Q4_1 {  // w = d*q + m
   inline int32_t offset(const XBlock& x) const { return x.sum32; }
 };
 
+// Byte i of the result is 0x10 where bit i of m is set, else 0 (Q5_0's fifth bits): byte i takes byte i/8 of m
+// and keeps bit i%8.
+static inline __m256i bits_to_0x10(uint32_t m) {
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
 struct Q5_0 {  // w = d*(q - 16), q = nibble | fifth bit (bit i of qh for weight i) << 4
   static constexpr int QK = 32, BYTES = 22, SUB = 1;
   static constexpr bool K = false, SIGNED = false, OFFSET = false;
@@ -274,12 +283,7 @@ struct Q5_0 {  // w = d*(q - 16), q = nibble | fifth bit (bit i of qh for weight
   inline __m256i weights(int) const {
     uint32_t qh;
     memcpy(&qh, b + 2, 4);
-    // byte i takes byte i/8 of qh, keeps bit i%8, and becomes 0x10 where that bit is set
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
-        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
-    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
-    return _mm256_or_si256(nibbles32(b + 6), high);
+    return _mm256_or_si256(nibbles32(b + 6), bits_to_0x10(qh));
   }
   inline __m256i scale(int) const { return _mm256_set1_epi16(1); }
   static constexpr bool FOLD = true;
@@ -630,10 +634,7 @@ static inline XI x_dot4(XI acc, XI w, const int8_t* p) {
 static inline XI x_fifth_bits(const uint8_t* p, int h) {
   uint32_t m;
   memcpy(&m, p + 4 * h, 4);
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m),
-      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+  return bits_to_0x10(m);
 }
 #endif
 
