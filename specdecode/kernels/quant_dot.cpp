@@ -227,12 +227,22 @@ void q5_0_fields(int r, F&& f) {  // from Q5_0: d, 4 bytes of fifth bits (bit w 
   }
 }
 
+// Bytes per one-row block of the types that have a 16-row interleaved layout; 0 for any other type.
+static int64_t interleavable_block_bytes(int64_t type) {
+  switch (type) {
+    case qd_avx2::Q4_K_UNPACKED: return 148;
+    case 14: return 210;  // Q6_K
+    case 6: return 22;    // Q5_0
+    default: return 0;
+  }
+}
+
 // Q4_K_UNPACKED, Q6_K or Q5_0 blocks [rows, n * bytes] (rows a multiple of 16) to their interleaved layout
 // (Q4KX16, Q6KX16, Q50X16 in quant_dot_impl.h), the same size; to_x16 false converts back (for selecting
 // rows). Bits move, none changes.
 torch::Tensor interleave_k_cpu(torch::Tensor blocks, int64_t type, bool to_x16) {
-  TORCH_CHECK(type == qd_avx2::Q4_K_UNPACKED || type == 14 || type == 6, "interleave_k: Q4_K_UNPACKED, Q6_K or Q5_0 blocks only");
-  const int64_t bytes = type == 14 ? 210 : type == 6 ? 22 : 148;
+  const int64_t bytes = interleavable_block_bytes(type);
+  TORCH_CHECK(bytes > 0, "interleave_k: Q4_K_UNPACKED, Q6_K or Q5_0 blocks only");
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.size(1) % bytes == 0 && blocks.size(0) % 16 == 0,
               "interleave_k: uint8 [16k rows, n blocks] expected");
   auto src = blocks.contiguous();

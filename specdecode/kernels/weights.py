@@ -30,8 +30,9 @@ Q4_K_X16, Q6_K_X16 = 113, 114
 Q5_0_X16 = 115
 Q5_0, Q6_K = 6, 14
 _INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148), Q6_K_X16: (256, 210), Q5_0_X16: (32, 22)}  # per (row) block
-_INTERLEAVED = {Q4_K_UNPACKED: Q4_K_X16, Q6_K: Q6_K_X16, Q5_0: Q5_0_X16}
-_DEINTERLEAVED = {x16: source for source, x16 in _INTERLEAVED.items()}
+# Each type that has an interleaved layout, and that layout's type.
+INTERLEAVED = {Q4_K_UNPACKED: Q4_K_X16, Q6_K: Q6_K_X16, Q5_0: Q5_0_X16}
+_DEINTERLEAVED = {x16: source for source, x16 in INTERLEAVED.items()}
 # The int8 kernel's instruction set: "auto" picks AVX-512 VNNI where the CPU has it, else AVX2. Both give
 # the same bits; SPECDECODE_ISA=avx2 forces the AVX2 path (for A/B timing).
 QUANT_ISA = os.environ.get("SPECDECODE_ISA", "auto")
@@ -42,8 +43,8 @@ def _kernel_layout(block_type: int, blocks: torch.Tensor) -> tuple[int, torch.Te
     interleaved where the rows come in groups of 16; other types unchanged."""
     if block_type == Q4_K and UNPACK_Q4_K:
         block_type, blocks = Q4_K_UNPACKED, load_kernel().repack_q4k(blocks)
-    if block_type in _INTERLEAVED and INTERLEAVE_K and blocks.shape[0] % 16 == 0:
-        return _INTERLEAVED[block_type], load_kernel().interleave_k(blocks, block_type, True)
+    if block_type in INTERLEAVED and INTERLEAVE_K and blocks.shape[0] % 16 == 0:
+        return INTERLEAVED[block_type], load_kernel().interleave_k(blocks, block_type, True)
     return block_type, blocks
 
 

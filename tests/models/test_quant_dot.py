@@ -134,8 +134,7 @@ def interleaved(kernel, parts):
     for block_type, blocks in parts:
         if block_type == 12:
             block_type, blocks = kernels.Q4_K_UNPACKED, kernel.repack_q4k(blocks)
-        out.append(({kernels.Q4_K_UNPACKED: kernels.Q4_K_X16, 14: kernels.Q6_K_X16, 6: kernels.Q5_0_X16}[block_type],
-                    kernel.interleave_k(blocks, block_type, True)))
+        out.append((kernels.weights.INTERLEAVED[block_type], kernel.interleave_k(blocks, block_type, True)))
     return out
 
 
