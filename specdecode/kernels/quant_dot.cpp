@@ -227,12 +227,13 @@ void q5_0_fields(int r, F&& f) {  // from Q5_0: d, 4 bytes of fifth bits (bit w 
   }
 }
 
-// Bytes per one-row block of the types that have a 16-row interleaved layout; 0 for any other type.
+// Bytes per one-row block of the types that have a 16-row interleaved layout (the interleaved layouts keep
+// each row's bytes); 0 for any other type.
 static int64_t interleavable_block_bytes(int64_t type) {
   switch (type) {
-    case qd_avx2::Q4_K_UNPACKED: return 148;
-    case 14: return 210;  // Q6_K
-    case 6: return 22;    // Q5_0
+    case qd_avx2::Q4_K_UNPACKED: return qd_avx2::Q4KX16::BYTES;
+    case 14: return qd_avx2::Q6KX16::BYTES;  // Q6_K
+    case 6: return qd_avx2::Q50X16::BYTES;   // Q5_0
     default: return 0;
   }
 }
