@@ -11,6 +11,7 @@
 // same in a decode step, a verify block or a prompt of any length: speculative output stays exactly
 // plain output.
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <cmath>
@@ -18,29 +19,40 @@
 
 #include "avx2_math.h"
 
-torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types,
-                               std::string isa, int64_t perturb_row);  // quant_dot.cpp
+void quant_linear_into(const torch::Tensor& x, const std::vector<torch::Tensor>& parts, const std::vector<int64_t>& types,
+                       std::string isa, int64_t perturb_row, torch::Tensor& y);  // quant_dot.cpp
+int64_t out_rows_of_parts(const std::vector<torch::Tensor>& parts);  // quant_dot.cpp
 torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start,
                                   c10::optional<torch::Tensor> visible);  // block_attention.cpp
 
 namespace {
 
-constexpr int64_t KERNEL_ROWS = 16;  // rows per quant_linear call
+constexpr int64_t KERNEL_ROWS = 64;  // rows per quant_linear call (its MAX_M): a prompt chunk reuses each weight 64 times
+constexpr int64_t ROWS_PER_TASK = 16;  // the row loops below run in parallel only for prompt-sized blocks
+
+// f(t) for every row t < T; in parallel where T is large (rows are independent, so the split changes nothing).
+template <class F>
+void for_rows(int64_t T, F&& f) {
+  at::parallel_for(0, T, ROWS_PER_TASK, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) f(t);
+  });
+}
 
 // x [T, in] -> [T, out], any T, in calls of at most KERNEL_ROWS rows (each row's result is its own).
 torch::Tensor linear_rows(const torch::Tensor& x, const std::vector<torch::Tensor>& parts, const std::vector<int64_t>& types,
                           const std::string& isa) {
   const int64_t T = x.size(0);
-  if (T <= KERNEL_ROWS) return quant_linear_cpu(x, parts, types, isa, -1);
-  std::vector<torch::Tensor> pieces;
-  for (int64_t i = 0; i < T; i += KERNEL_ROWS)
-    pieces.push_back(quant_linear_cpu(x.narrow(0, i, std::min(KERNEL_ROWS, T - i)), parts, types, isa, -1));
-  return torch::cat(pieces);
+  auto y = torch::empty({T, out_rows_of_parts(parts)}, x.options());
+  for (int64_t i = 0; i < T; i += KERNEL_ROWS) {
+    auto rows = y.narrow(0, i, std::min(KERNEL_ROWS, T - i));  // whole rows: contiguous
+    quant_linear_into(x.narrow(0, i, rows.size(0)), parts, types, isa, -1, rows);
+  }
+  return y;
 }
 
 // out = x * (1 / sqrt(mean(x^2) + eps)) * w, row by row; the sum of squares in 8 lanes, then a fixed hsum.
 void rms_norm_rows(const float* x, int64_t T, int64_t n, const float* w, float eps, float* out) {
-  for (int64_t t = 0; t < T; ++t) {
+  for_rows(T, [&](int64_t t) {
     const float* xr = x + t * n;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) {
@@ -50,7 +62,7 @@ void rms_norm_rows(const float* x, int64_t T, int64_t n, const float* w, float e
     const __m256 r = _mm256_set1_ps(1.0f / std::sqrt(hsum(acc) / (float)n + eps));
     for (int64_t i = 0; i < n; i += 8)
       _mm256_storeu_ps(out + t * n + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), r), _mm256_loadu_ps(w + i)));
-  }
+  });
 }
 
 // Half-rotation rotary embedding of `heads` heads of size D in place: (a, b) -> (a cos - b sin, b cos + a sin).
@@ -105,17 +117,18 @@ torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std:
   const int64_t width = (heads + 2 * kv_heads) * head_dim;
   TORCH_CHECK(qkv.size(1) == width, "int8_attn_in: the QKV matrix does not match the head counts");
   float* p = qkv.data_ptr<float>();
+  const float* b = nullptr;
   if (bias && bias->defined()) {
     TORCH_CHECK(bias->numel() == width && bias->is_contiguous(), "int8_attn_in: bias of the wrong size");
-    const float* b = bias->data_ptr<float>();
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < width; ++i) p[t * width + i] += b[i];
+    b = bias->data_ptr<float>();
   }
-  for (int64_t t = 0; t < T; ++t) {
+  for_rows(T, [&](int64_t t) {
+    if (b)
+      for (int64_t i = 0; i < width; ++i) p[t * width + i] += b[i];
     const float* c = cos.data_ptr<float>() + t * head_dim / 2;
     const float* s = sin.data_ptr<float>() + t * head_dim / 2;
     rope_heads(p + t * width, heads + kv_heads, head_dim, c, s);  // q heads, then k heads, are adjacent
-  }
+  });
   return qkv;
 }
 
@@ -133,9 +146,10 @@ torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<tor
   auto gu = linear_rows(h, gate_up_parts, gate_up_types, isa);
   const int64_t inter = gu.size(1) / 2;
   auto act = torch::empty({T, inter}, x.options());
-  for (int64_t t = 0; t < T; ++t)
+  for_rows(T, [&](int64_t t) {
     silu_mul(gu.data_ptr<float>() + t * 2 * inter, gu.data_ptr<float>() + t * 2 * inter + inter, inter,
              act.data_ptr<float>() + t * inter);
+  });
   return linear_rows(act, down_parts, down_types, isa).add_(y);
 }
 

@@ -7,7 +7,10 @@
 // single decoding steps return.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -32,6 +35,24 @@ namespace qd_vnni {
 }
 #pragma GCC pop_options
 
+// A third copy for CPUs with AMX-INT8: the VNNI path, whose Q4_K tiles of 16 tokens multiply on the tile units
+// (Q4KX16::amx_sums in quant_dot_impl.h). Same integers, same float operations, same bits.
+#if defined(__GNUC__) && __GNUC__ >= 11 && defined(__x86_64__)
+#define QD_HAVE_AMX 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
+namespace qd_amx {
+#define QD_VNNI 1
+#define QD_AMX 1
+#include "quant_dot_impl.h"
+#undef QD_AMX
+#undef QD_VNNI
+}
+#pragma GCC pop_options
+#else
+#define QD_HAVE_AMX 0
+#endif
+
 namespace {
 
 bool cpu_has_vnni() {  // asked once: every decoding matmul passes through here
@@ -47,11 +68,13 @@ bool cpu_has_vnni() {  // asked once: every decoding matmul passes through here
 // Also the sums of every 16 (k-quant format) or 32 (32-block format) quantized values, which the weight
 // types with an offset (q - 32, q - 16, + min) need. Depends on the row's own values only. The values and
 // their sums are stored row-major ([M][in]) or, BLOCK_MAJOR, block by block ([in/QB][M][QB]); d is [M][in/QB].
+// Rows run in parallel for prompt-sized calls (each row's values are its own, so the split changes nothing).
 template <int QB, bool BLOCK_MAJOR>
 void quantize_rows(const float* x, int64_t M, int64_t in, int8_t* q, float* d, int16_t* sums16, int16_t* sums32_16,
                    int32_t* sums32) {
   const int64_t nb = in / QB;
-  for (int64_t m = 0; m < M; ++m)
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+  for (int64_t m = m0; m < m1; ++m)
     for (int64_t b = 0; b < nb; ++b) {
       const float* v = x + m * in + b * QB;
       const int64_t at = BLOCK_MAJOR ? b * M + m : m * nb + b;  // the block's index in the stored order
@@ -80,6 +103,7 @@ void quantize_rows(const float* x, int64_t M, int64_t in, int8_t* q, float* d, i
           sums16[at * (QB / 16) + g] = (int16_t)s;
         }
     }
+  });
 }
 
 bool is_k_type(int64_t type) {  // activations quantized per 256 values, not per 32
@@ -104,18 +128,40 @@ std::vector<int64_t> quant_block_types() {
   return types;
 }
 
-std::string quant_isa() { return cpu_has_vnni() ? "avx512-vnni" : "avx2"; }
+// AMX-INT8 on the CPU (CPUID leaf 7: EDX bits 24 tile, 25 int8) and granted by Linux, which hands the tile
+// registers' state only to processes that ask for it.
+bool cpu_has_amx() {
+  static const bool has = [] {
+    if (!QD_HAVE_AMX || !cpu_has_vnni()) return false;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 25 & 1)) return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return has;
+}
 
-// x: [..., in] float32, at most 16 rows. parts: [rows_i, bytes per row] uint8 GGUF blocks of the given
-// types, stacked along the output dimension. isa: "auto", "avx2" or "avx512-vnni". perturb_row >= 0
+std::string quant_isa() { return cpu_has_amx() ? "amx" : cpu_has_vnni() ? "avx512-vnni" : "avx2"; }
+
+// Every instruction-set path this CPU can run (they all give the same bits; the tests compare them).
+std::vector<std::string> quant_isa_paths() {
+  std::vector<std::string> paths{"avx2"};
+  if (cpu_has_vnni()) paths.push_back("avx512-vnni");
+  if (cpu_has_amx()) paths.push_back("amx");
+  return paths;
+}
+
+// x: [..., in] float32, at most MAX_M rows. parts: [rows_i, bytes per row] uint8 GGUF blocks of the given
+// types, stacked along the output dimension. isa: "auto", "avx2", "avx512-vnni" or "amx". perturb_row >= 0
 // breaks that row's summation order on purpose (tests only).
-torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types,
-                               std::string isa, int64_t perturb_row) {
+// The product written to y, which has x's rows and the parts' total rows as columns (out_rows_of_parts).
+void quant_linear_into(const torch::Tensor& x, const std::vector<torch::Tensor>& parts, const std::vector<int64_t>& types,
+                       std::string isa, int64_t perturb_row, torch::Tensor& y) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "quant_linear: x must be float32 on the CPU");
   TORCH_CHECK(parts.size() == types.size() && !parts.empty(), "quant_linear: one type per part");
   auto xc = x.contiguous();
   const int64_t in = xc.size(-1), M = xc.numel() / in;
-  TORCH_CHECK(M >= 1 && M <= qd_avx2::MAX_M, "quant_linear: 1 to 16 rows per call");
+  TORCH_CHECK(M >= 1 && M <= qd_avx2::MAX_M, "quant_linear: 1 to ", qd_avx2::MAX_M, " rows per call");
   bool need_k = false, need_32 = false;
   int64_t O = 0;
   std::vector<const uint8_t*> ptrs;
@@ -135,7 +181,8 @@ torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts
     O += p.size(0);
   }
   if (isa == "auto") isa = quant_isa();
-  TORCH_CHECK(isa == "avx2" || (isa == "avx512-vnni" && cpu_has_vnni()), "quant_linear: instruction set '", isa, "' is not available");
+  TORCH_CHECK(isa == "avx2" || (isa == "avx512-vnni" && cpu_has_vnni()) || (isa == "amx" && cpu_has_amx()),
+              "quant_linear: instruction set '", isa, "' is not available");
   // Reused per calling thread: no allocation per decoding step.
   static thread_local std::vector<int8_t> kq, bq;
   static thread_local std::vector<float> kd, kd_by_block, bd;
@@ -154,10 +201,15 @@ torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts
     bq.resize(M * in), bd.resize(M * in / 32), bsum.resize(M * in / 32);
     quantize_rows<32, false>(xp, M, in, bq.data(), bd.data(), nullptr, nullptr, bsum.data());
   }
-  auto out_sizes = xc.sizes().vec();
-  out_sizes.back() = O;
-  auto y = torch::empty(out_sizes, xc.options());
+  TORCH_CHECK(y.scalar_type() == at::kFloat && y.is_contiguous() && y.numel() == M * O, "quant_linear: output of the wrong size");
   float* yp = y.data_ptr<float>();
+#if QD_HAVE_AMX
+  if (isa == "amx") {
+    const qd_amx::Act act{in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), kd_by_block.data(), M, bq.data(), bd.data(), bsum.data()};
+    qd_amx::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
+    return;
+  }
+#endif
   if (isa == "avx512-vnni") {
     const qd_vnni::Act act{in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), kd_by_block.data(), M, bq.data(), bd.data(), bsum.data()};
     qd_vnni::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
@@ -165,6 +217,21 @@ torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts
     const qd_avx2::Act act{in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), kd_by_block.data(), M, bq.data(), bd.data(), bsum.data()};
     qd_avx2::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
   }
+}
+
+int64_t out_rows_of_parts(const std::vector<torch::Tensor>& parts) {
+  int64_t O = 0;
+  for (const auto& p : parts) O += p.size(0);
+  return O;
+}
+
+torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types,
+                               std::string isa, int64_t perturb_row) {
+  auto out_sizes = x.sizes().vec();
+  TORCH_CHECK(!out_sizes.empty() && !parts.empty(), "quant_linear: x [..., in] and at least one part expected");
+  out_sizes.back() = out_rows_of_parts(parts);
+  auto y = torch::empty(out_sizes, x.options().dtype(at::kFloat));
+  quant_linear_into(x, parts, types, isa, perturb_row, y);
   return y;
 }
 

@@ -18,12 +18,15 @@
 #ifndef QD_VNNI
 #define QD_VNNI 0
 #endif
+#ifndef QD_AMX
+#define QD_AMX 0
+#endif
 
 constexpr int64_t Q4_K_UNPACKED = 112;  // not a ggml type: Q4_K repacked by repack_q4k (weights.py: Q4_K_UNPACKED)
 constexpr int64_t Q4_K_X16 = 113;       // not ggml types: Q4_K and Q6_K with 16 rows interleaved (interleave_k,
 constexpr int64_t Q6_K_X16 = 114;       // Q4KX16 and Q6KX16)
 constexpr int64_t Q5_0_X16 = 115;       // not a ggml type: Q5_0 with 16 rows interleaved (Q50X16)
-constexpr int MAX_M = 16;  // activation rows per call: a decode step, a verify block, a prefill chunk
+constexpr int MAX_M = 64;  // activation rows per call: a decode step, a verify block, a prefill chunk
 
 // The quantized activations of one call (see quantize_* in quant_dot.cpp).
 struct Act {
@@ -643,14 +646,40 @@ constexpr int CHAINS = T >= 8 ? 1 : 2;
 // Tokens per tile of the interleaved 32-weight types (their accumulators live in memory: 8 lane vectors a token).
 constexpr int X16_LANE_TOKENS = 4;
 
+#if QD_AMX
+// ---- AMX-INT8 (the tile units of recent Xeons) for Q4KX16 tiles of 16 or 32 tokens: a prompt's chunks and full
+// verify blocks. One tile product multiplies 16 tokens' 64 activation bytes by 64 columns of the 16 rows, far
+// more work per instruction than the VNNI lanes, but its int32 sums run over all 64 columns, across two
+// sub-blocks with different scales. So the weights are scaled before the product: each 6-bit scale splits as
+// sc = 8 hi + lo (hi, lo < 8), q * hi and q * lo (at most 105) are bytes, and two products over the block's 256
+// columns give sums H and L with 8 H + L = sum over sub-blocks of sc * (q . x): exactly the integer the VNNI
+// lanes build, so the float part that follows, and every bit of the result, stay those of the other paths.
+struct alignas(64) TileConfig {  // palette 1: tile i has rows[i] rows of colsb[i] bytes
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+// Every tile 16 x 64 bytes. Loaded at the start of each tile_q4k_amx call, not cached per
+// thread: other code on the thread (a library's own AMX kernels) may change the configuration in between.
+static inline void amx_configure() {
+  TileConfig c;
+  for (int i = 0; i < 8; ++i) c.rows[i] = 16, c.colsb[i] = 64;
+  _tile_loadconfig(&c);
+}
+// The tile instructions read and write memory the compiler cannot see: stores before them must happen first,
+// loads after them must not be hoisted.
+static inline void amx_fence() { asm volatile("" ::: "memory"); }
+#endif
+
 // Each interleaved type gives, for half h of a group block (all 16 rows with AVX-512, 8 with AVX2), every
 // token's exact block sum s[t] (and offset o[t]), and the rows' float scales d and off_scale.
 struct Q4KX16 {  // d, dmin (float16 x 16), scales [8 sub-blocks][16 rows], mins [4 pairs][16 rows][2], 32 chunks
   static constexpr int QK = 256, BYTES = 148, ROWS = 16, GROUP_BYTES = 16 * 148;
   static constexpr int D = 0, DMIN = 32, SCALES = 64, MINS = 192, QS = 320;  // offsets in a group block
   static constexpr bool K = true, SIGNED = false, OFFSET = true;
+  // s[t] += the block's exact sums, sub-block by sub-block, in the vector lanes (any T)
   template <int T>
-  static inline void sums(const uint8_t* g, int h, const Act& a, int64_t first, XI* s, XI* o) {
+  static inline void vector_sums(const uint8_t* g, int h, const Act& a, int64_t first, XI* s) {
 #pragma GCC unroll 1
     for (int j = 0; j < 8; ++j) {  // sub-block j: 32 columns, chunks 4j..4j+3
       const XI scales = x_scale_form(x_u8_to_32(g + SCALES + 16 * j + XL * h));
@@ -664,6 +693,10 @@ struct Q4KX16 {  // d, dmin (float16 x 16), scales [8 sub-blocks][16 rows], mins
       for (int t = 0; t < T; ++t)  // 8 products of 15 * 127 fit int16
         s[t] = x_add(s[t], x_dot_scaled<4, 4, CHAINS<T>>(lo, hi, a.kq + (first + t) * 256 + 32 * j, scales));
     }
+  }
+  template <int T>
+  static inline void sums(const uint8_t* g, int h, const Act& a, int64_t first, XI* s, XI* o) {
+    vector_sums<T>(g, h, a, first, s);
     for (int p = 0; p < 4; ++p) {  // the offset: mins times sums of 32 activations, two sub-blocks per step
       const XI mins = x_u8_to_16(g + MINS + 32 * p + 2 * XL * h);
 #pragma GCC unroll 16
@@ -672,6 +705,29 @@ struct Q4KX16 {  // d, dmin (float16 x 16), scales [8 sub-blocks][16 rows], mins
   }
   static inline XF d(const uint8_t* g, int h) { return x_halfs(g + D + 2 * XL * h); }
   static inline XF off_scale(const uint8_t* g, int h) { return x_mul(x_halfs(g + DMIN + 2 * XL * h), x_set1(-1.0f)); }
+#if QD_AMX
+  // The B tiles of one group block, per 64 columns (k = 0..3): row 2c of chunk c's low nibbles, row 2c + 1 its
+  // high nibbles, each row 4 columns of all 16 weight rows, times the rows' hi or lo scale of that sub-block.
+  static inline void amx_scaled_weights(const uint8_t* g, uint8_t (*bhi)[16][64], uint8_t (*blo)[16][64]) {
+    const XI low4 = _mm512_set1_epi8(15), low3 = _mm512_set1_epi32(7);
+    for (int j = 0; j < 8; ++j) {
+      const XI sc = x_u8_to_32(g + SCALES + 16 * j);
+      const XI lo32 = _mm512_and_si512(sc, low3), hi32 = _mm512_srli_epi32(sc, 3);
+      // each scale in both 16-bit halves of its row's lane: a word multiply scales the word's two nibble bytes
+      // at once (q * scale < 256 cannot carry into the next byte)
+      const XI lo16 = _mm512_or_si512(lo32, _mm512_slli_epi32(lo32, 16)), hi16 = _mm512_or_si512(hi32, _mm512_slli_epi32(hi32, 16));
+      for (int c = 0; c < 4; ++c) {
+        const XI v = x_load(g + QS + 64 * (4 * j + c));
+        const XI qlo = _mm512_and_si512(v, low4), qhi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        const int k = j / 2, r = 8 * (j % 2) + 2 * c;
+        _mm512_store_si512(bhi[k][r], _mm512_mullo_epi16(qlo, hi16));
+        _mm512_store_si512(bhi[k][r + 1], _mm512_mullo_epi16(qhi, hi16));
+        _mm512_store_si512(blo[k][r], _mm512_mullo_epi16(qlo, lo16));
+        _mm512_store_si512(blo[k][r + 1], _mm512_mullo_epi16(qhi, lo16));
+      }
+    }
+  }
+#endif
 };
 
 // d (float16 x 16), then per pair p of sub-blocks (2p, 2p+1: 32 columns, chunks 4p..4p+3), in the order the
@@ -775,6 +831,29 @@ void tile_x16_lanes(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_
     }
 }
 
+// One block's float step of one token for XL rows: acc = fma(float(s), d * dx, acc), and with an offset
+// off = fma(float(o), off_scale * dx, off).
+template <bool OFFSET>
+static inline void x16_accumulate(float* acc, float* off, XI s, XI o, XF d, XF off_scale, XF dx) {
+  x_storef(acc, x_fma(x_cvt(s), x_mul(d, dx), x_loadf(acc)));
+  if (OFFSET) x_storef(off, x_fma(x_cvt(o), x_mul(off_scale, dx), x_loadf(off)));
+}
+
+// The tile's results: acc (+ the broken variant's odd blocks) + off, row r of token t to y[t * ldy + r].
+template <int T, int ROWS>
+static inline void x16_store(const float (*acc)[ROWS], const float (*off)[ROWS], const float (*odd)[ROWS], int64_t t0,
+                             int64_t perturb_token, float* y, int64_t ldy) {
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < ROWS / XL; ++h) {
+      XF v = x_loadf(acc[t] + XL * h);
+      if (t0 + t == perturb_token) v = x_addf(v, x_loadf(odd[t] + XL * h));
+      const XF r = x_addf(v, x_loadf(off[t] + XL * h));  // + 0.0f without an offset, as tile() does
+      alignas(64) float lanes[XL];
+      x_storef(lanes, r);
+      memcpy(y + t * ldy + XL * h, lanes, sizeof lanes);
+    }
+}
+
 // One group of 16 weight rows against tokens t0..t0+T-1 (T <= X16_TOKENS); y[t * ldy + r] for row r.
 // perturb_token: as in tile(), that token's odd blocks summed apart (the tests' broken variant).
 template <class B, int T>
@@ -794,27 +873,113 @@ void tile_x16(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy,
       B::template sums<T>(g, h, a, first, s, o);
       const XF d = B::d(g, h), off_scale = B::off_scale(g, h);
       for (int t = 0; t < T; ++t) {
-        const XF dx = x_set1(a.kd_by_block[blk * (a.M + 8) + t0 + t]);
         float* sink = (perturb && t0 + t == perturb_token && (blk & 1)) ? odd[t] : acc[t];
-        x_storef(sink + XL * h, x_fma(x_cvt(s[t]), x_mul(d, dx), x_loadf(sink + XL * h)));
-        if (B::OFFSET) x_storef(off[t] + XL * h, x_fma(x_cvt(o[t]), x_mul(off_scale, dx), x_loadf(off[t] + XL * h)));
+        x16_accumulate<B::OFFSET>(sink + XL * h, off[t] + XL * h, s[t], o[t], d, off_scale,
+                                  x_set1(a.kd_by_block[blk * (a.M + 8) + t0 + t]));
       }
     }
   }
-  for (int t = 0; t < T; ++t)
-    for (int h = 0; h < H; ++h) {
-      XF v = x_loadf(acc[t] + XL * h);
-      if (t0 + t == perturb_token) v = x_addf(v, x_loadf(odd[t] + XL * h));
-      const XF r = x_addf(v, x_loadf(off[t] + XL * h));  // + 0.0f without an offset, as tile() does
-      alignas(64) float lanes[XL];
-      x_storef(lanes, r);
-      memcpy(y + t * ldy + XL * h, lanes, sizeof lanes);
-    }
+  x16_store<T, B::ROWS>(acc, off, odd, t0, perturb_token, y, ldy);
 }
 
-// One group of 16 rows against every token: tiles of X16_TOKENS, then the remainder.
+#if QD_AMX
+// Tile products of one Q4KX16 group block for T = 16 or 32 tokens (activation bytes from x, 256 apart): the hi
+// and lo sums of each 16 tokens, stored to sums[half][hi, lo][token][row]. 16 tokens: tiles 0 and 1 collect, 2-4
+// and 5-7 hold alternate steps' activations and weights. 32: tiles 0-3 collect both halves' sums (four
+// independent chains), 4 and 5 hold the halves' activations, 6 and 7 the weights, each serving both halves.
+template <int T>
+static inline void amx_products(const int8_t* x, const uint8_t (*bhi)[16][64], const uint8_t (*blo)[16][64],
+                                int32_t (*sums)[2][16][16]) {
+  if constexpr (T == 16) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int k = 0; k < 4; k += 2) {
+      _tile_loadd(2, x + 64 * k, 256);
+      _tile_loadd(3, bhi[k], 64);
+      _tile_loadd(4, blo[k], 64);
+      _tile_dpbsud(0, 2, 3);
+      _tile_dpbsud(1, 2, 4);
+      _tile_loadd(5, x + 64 * (k + 1), 256);
+      _tile_loadd(6, bhi[k + 1], 64);
+      _tile_loadd(7, blo[k + 1], 64);
+      _tile_dpbsud(0, 5, 6);
+      _tile_dpbsud(1, 5, 7);
+    }
+    _tile_stored(0, sums[0][0], 64);
+    _tile_stored(1, sums[0][1], 64);
+  } else {
+    static_assert(T == 32, "16 or 32 tokens");
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int k = 0; k < 4; ++k) {
+      _tile_loadd(4, x + 64 * k, 256);
+      _tile_loadd(5, x + 16 * 256 + 64 * k, 256);
+      _tile_loadd(6, bhi[k], 64);
+      _tile_loadd(7, blo[k], 64);
+      _tile_dpbsud(0, 4, 6);
+      _tile_dpbsud(1, 4, 7);
+      _tile_dpbsud(2, 5, 6);
+      _tile_dpbsud(3, 5, 7);
+    }
+    _tile_stored(0, sums[0][0], 64);
+    _tile_stored(1, sums[0][1], 64);
+    _tile_stored(2, sums[1][0], 64);
+    _tile_stored(3, sums[1][1], 64);
+  }
+}
+
+// tile_x16<Q4KX16, T> with the integer sums on the tiles, T = 16 or 32: the same integers (8 hi + lo) and the
+// same float steps, so the same bits. Software-pipelined: the vector units scale the next block's weights while
+// the tiles multiply this block's, since a tile load waits for the stores that filled its buffer to complete.
+template <int T>
+void tile_q4k_amx(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
+  using B = Q4KX16;
+  const int64_t nblk = a.in / B::QK;
+  alignas(64) float acc[T][16] = {}, off[T][16] = {}, odd[T][16];
+  const bool perturb = perturb_token >= t0 && perturb_token < t0 + T;
+  if (perturb) memset(odd, 0, sizeof odd);  // only the tests' broken variant uses it
+  alignas(64) uint8_t weights[2][2][4][16][64];  // [block parity][hi, lo][k]: two blocks' B tiles
+  alignas(64) int32_t sums[T / 16][2][16][16];
+  amx_configure();
+  B::amx_scaled_weights(w, weights[0][0], weights[0][1]);
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    const uint8_t* g = w + blk * B::GROUP_BYTES;
+    const int64_t first = blk * a.M + t0;
+    amx_fence();
+    amx_products<T>(a.kq + first * 256, weights[blk & 1][0], weights[blk & 1][1], sums);
+    // The next block's activations into L1 meanwhile: a tile load waits for all of its 16 rows, and each k
+    // step's loads wait for the previous step's products (there are no spare tiles to load ahead into).
+    if (blk + 1 < nblk)
+      for (int i = 0; i < T * 4; ++i) _mm_prefetch((const char*)(a.kq + (first + a.M) * 256) + 64 * i, _MM_HINT_T0);
+    if (blk + 1 < nblk) B::amx_scaled_weights(g + B::GROUP_BYTES, weights[(blk + 1) & 1][0], weights[(blk + 1) & 1][1]);
+    amx_fence();
+    const XF d = B::d(g, 0), off_scale = B::off_scale(g, 0);
+    XI mins[4];
+    for (int p = 0; p < 4; ++p) mins[p] = x_u8_to_16(g + B::MINS + 32 * p);
+    for (int t = 0; t < T; ++t) {
+      const XI s = x_add(x_shl32<3>(_mm512_load_si512(sums[t / 16][0][t % 16])), _mm512_load_si512(sums[t / 16][1][t % 16]));
+      XI o = x_zero();
+      for (int p = 0; p < 4; ++p) o = x_pairs(o, mins[p], a.kbsum32 + (first + t) * 8 + 2 * p);
+      float* sink = (perturb && t0 + t == perturb_token && (blk & 1)) ? odd[t] : acc[t];
+      x16_accumulate<true>(sink, off[t], s, o, d, off_scale, x_set1(a.kd_by_block[blk * (a.M + 8) + t0 + t]));
+    }
+  }
+  x16_store<T, 16>(acc, off, odd, t0, perturb_token, y, ldy);
+}
+#endif
+
+// One group of 16 rows against every token: tiles of X16_TOKENS, then the remainder. On the AMX path Q4_K
+// takes tiles of 32 tokens first (each scaled weight tile then serves both halves).
 template <class B, int T = (B::K ? X16_TOKENS : X16_LANE_TOKENS)>
 void group_tokens(const Act& a, int64_t t, int64_t M, const uint8_t* w, float* y, int64_t ldy, int64_t perturb) {
+#if QD_AMX
+  if constexpr (std::is_same_v<B, Q4KX16> && T == X16_TOKENS) {
+    for (; t + 32 <= M; t += 32) tile_q4k_amx<32>(a, t, w, y + t * ldy, ldy, perturb);
+    for (; t + 16 <= M; t += 16) tile_q4k_amx<16>(a, t, w, y + t * ldy, ldy, perturb);
+  }
+#endif
   if constexpr (T > 0) {
     for (; t + T <= M; t += T) {
       if constexpr (B::K) tile_x16<B, T>(a, t, w, y + t * ldy, ldy, perturb);

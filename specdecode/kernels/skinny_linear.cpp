@@ -13,6 +13,7 @@ torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts
                                std::string isa, int64_t perturb_row);  // quant_dot.cpp
 std::vector<int64_t> quant_block_types();  // quant_dot.cpp
 std::string quant_isa();  // quant_dot.cpp
+std::vector<std::string> quant_isa_paths();  // quant_dot.cpp
 torch::Tensor quantize_q8_0_cpu(torch::Tensor w);  // quant_dot.cpp
 torch::Tensor repack_q4k_cpu(torch::Tensor blocks);  // quant_dot.cpp
 torch::Tensor interleave_k_cpu(torch::Tensor blocks, int64_t type, bool to_x16);  // quant_dot.cpp
@@ -116,6 +117,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &quant_linear_cpu);
   m.def("quant_block_types", &quant_block_types);
   m.def("quant_isa", &quant_isa);
+  m.def("quant_isa_paths", &quant_isa_paths);
   m.def("quantize_q8_0", &quantize_q8_0_cpu);
   m.def("repack_q4k", &repack_q4k_cpu);
   m.def("interleave_k", &interleave_k_cpu);

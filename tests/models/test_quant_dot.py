@@ -20,7 +20,7 @@ def kernel():
 
 
 def isa_paths(kernel) -> list[str]:
-    return ["avx2"] + (["avx512-vnni"] if kernel.quant_isa() == "avx512-vnni" else [])
+    return kernel.quant_isa_paths()
 
 
 def random_blocks(name: str, rows: int, cols: int, seed: int) -> np.ndarray:
@@ -103,10 +103,10 @@ def test_the_row_check_fails_when_one_rows_summation_order_changes(kernel):
     assert_a_broken_row_is_caught(kernel, make_parts(("Q4_K", "Q6_K"), 70, 768, seed=5)[0])
 
 
-def assert_a_broken_row_is_caught(kernel, parts):
-    x = torch.randn(9, 768, generator=torch.Generator().manual_seed(2))
+def assert_a_broken_row_is_caught(kernel, parts, rows: int = 9):
+    x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(2))
     for isa in isa_paths(kernel):
-        alone = torch.cat([run(kernel, x[i : i + 1], parts, isa) for i in range(9)])
+        alone = torch.cat([run(kernel, x[i : i + 1], parts, isa) for i in range(rows)])
         broken = run(kernel, x, parts, isa, perturb=3)
         assert torch.equal(broken[:3], alone[:3]) and torch.equal(broken[4:], alone[4:])
         assert not torch.equal(broken[3], alone[3])
@@ -139,24 +139,25 @@ def interleaved(kernel, parts):
 
 
 def test_interleaved_k_quants_give_the_gguf_bits(kernel):
-    """Q4_K and Q6_K in groups of 16 interleaved rows (kernels.Q4_K_X16, Q6_K_X16): every row count 1..16 and path
-    gives the bits of the GGUF layout, and the interleave undoes exactly. A layout with two rows' scales swapped
-    must fail."""
+    """Q4_K and Q6_K in groups of 16 interleaved rows (kernels.Q4_K_X16, Q6_K_X16): every row count 1..16, some
+    larger ones, and every path (AMX tiles for 16 tokens included, where present) give the bits of the GGUF layout,
+    and the interleave undoes exactly. A layout with two rows' scales swapped must fail, alone and in a block."""
     parts, _ = make_parts(("Q4_K", "Q6_K"), 80, 768, seed=11)  # 80 and 83 rows: 83 is not interleaved
     parts[1] = (parts[1][0], parts[1][1][:80])
     x16 = interleaved(kernel, parts)
     assert torch.equal(kernel.interleave_k(x16[0][1], kernels.Q4_K_UNPACKED, False), kernel.repack_q4k(parts[0][1]))
     assert torch.equal(kernel.interleave_k(x16[1][1], 14, False), parts[1][1])
-    x = torch.randn(16, 768, generator=torch.Generator().manual_seed(4)) * 3
+    x = torch.randn(40, 768, generator=torch.Generator().manual_seed(4)) * 3
     for isa in isa_paths(kernel):
-        for rows in range(1, 17):
+        for rows in (*range(1, 17), 31, 32, 40):
             assert torch.equal(run(kernel, x[:rows], x16, isa), run(kernel, x[:rows], parts, isa)), (isa, rows)
     for i, scale_at in ((0, 64), (1, 32)):  # sub-block 0's scale of rows 0 and 1, first group and block
         swapped = x16[i][1].clone().view(-1, 16 * x16[i][1].shape[1] // 3)
         swapped[0, [scale_at, scale_at + 1 + i]] = swapped[0, [scale_at + 1 + i, scale_at]]
         broken = [(t, swapped.view(b.shape) if j == i else b) for j, (t, b) in enumerate(x16)]
         for isa in isa_paths(kernel):
-            assert not torch.equal(run(kernel, x[:1], broken, isa), run(kernel, x[:1], parts, isa)), (i, isa)
+            for rows in (1, 16):
+                assert not torch.equal(run(kernel, x[:rows], broken, isa), run(kernel, x[:rows], parts, isa)), (i, isa, rows)
 
 
 def test_interleaved_q5_0_gives_the_gguf_bits(kernel):
@@ -181,7 +182,9 @@ def test_interleaved_q5_0_gives_the_gguf_bits(kernel):
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q5_0"])
 def test_the_interleaved_row_check_fails_when_one_rows_summation_order_changes(kernel, name):
-    assert_a_broken_row_is_caught(kernel, interleaved(kernel, make_parts((name,), 32, 768, seed=12)[0]))
+    parts = interleaved(kernel, make_parts((name,), 32, 768, seed=12)[0])
+    for rows in (9, 16, 40):  # 16 and 40: full tiles of 16 and 32 tokens (the AMX tiles, where present)
+        assert_a_broken_row_is_caught(kernel, parts, rows)
 
 
 def test_quant_weight_unpacks_q4_k(kernel):
@@ -228,7 +231,7 @@ def test_q8_0_requantization_round_trips_within_half_a_step(kernel):
 def test_bad_arguments_are_errors_not_crashes(kernel):
     parts, _ = make_parts(("Q4_K",), 4, 256)
     with pytest.raises(RuntimeError, match="rows"):
-        run(kernel, torch.zeros(17, 256), parts)
+        run(kernel, torch.zeros(65, 256), parts)  # more rows than one call takes
     with pytest.raises(RuntimeError, match="row size"):
         run(kernel, torch.zeros(1, 512), parts)
     with pytest.raises(RuntimeError, match="unsupported"):
