@@ -2,8 +2,8 @@
 """What one target pass costs at each block size a decode step or verify block uses, next to llama.cpp.
 
 Loads the target (and the draft), fills the cache with a 400-token context, then times forward passes of
-1, 2, 5, 9 and 16 tokens, interleaved, and reports medians and each size's cost in single steps. With
-llama.cpp's binaries present (scripts/build_llamacpp.sh), llama-bench measures tg and pp5/pp9/pp16 of the
+1, 2, 5, 9, 16 and 64 tokens, interleaved, and reports medians and each size's cost in single steps. With
+llama.cpp's binaries present (scripts/build_llamacpp.sh), llama-bench measures tg and pp5/pp9/pp16/pp64 of the
 same GGUF file in the same run, at the same thread count and the same context depth (-d).
 
     .venv/bin/python scripts/step_costs.py [--precision int8] [--repeats 15] [--llamacpp-bin DIR]
@@ -23,7 +23,7 @@ from specdecode.drafters.vocab import restrict_draft_vocabulary
 from specdecode.engine import DRAFT_VOCAB
 from specdecode.models.loader import load_model
 
-SIZES = (1, 2, 5, 9, 16)
+SIZES = (1, 2, 5, 9, 16, 64)  # 64: a prompt chunk (prompts go through the kernel 64 rows per call)
 
 
 def time_blocks(model, context: torch.Tensor, repeats: int) -> dict[int, float]:

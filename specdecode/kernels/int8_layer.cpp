@@ -28,7 +28,8 @@ torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tenso
 namespace {
 
 constexpr int64_t KERNEL_ROWS = 64;  // rows per quant_linear call (its MAX_M): a prompt chunk reuses each weight 64 times
-constexpr int64_t ROWS_PER_TASK = 16;  // the row loops below run in parallel only for prompt-sized blocks
+constexpr int64_t ROWS_PER_TASK = 32;  // the row loops below run in parallel only for prompt-sized blocks (a verify
+                                       // block's few rows cost less than waking the other threads)
 
 // f(t) for every row t < T; in parallel where T is large (rows are independent, so the split changes nothing).
 template <class F>

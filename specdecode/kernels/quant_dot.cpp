@@ -68,12 +68,13 @@ bool cpu_has_vnni() {  // asked once: every decoding matmul passes through here
 // Also the sums of every 16 (k-quant format) or 32 (32-block format) quantized values, which the weight
 // types with an offset (q - 32, q - 16, + min) need. Depends on the row's own values only. The values and
 // their sums are stored row-major ([M][in]) or, BLOCK_MAJOR, block by block ([in/QB][M][QB]); d is [M][in/QB].
-// Rows run in parallel for prompt-sized calls (each row's values are its own, so the split changes nothing).
+// Rows run in parallel for prompt-sized calls, more than a verify block's (each row's values are its own, so
+// the split changes nothing).
 template <int QB, bool BLOCK_MAJOR>
 void quantize_rows(const float* x, int64_t M, int64_t in, int8_t* q, float* d, int16_t* sums16, int16_t* sums32_16,
                    int32_t* sums32) {
   const int64_t nb = in / QB;
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+  at::parallel_for(0, M, 32, [&](int64_t m0, int64_t m1) {
   for (int64_t m = m0; m < m1; ++m)
     for (int64_t b = 0; b < nb; ++b) {
       const float* v = x + m * in + b * QB;

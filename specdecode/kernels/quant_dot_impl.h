@@ -659,8 +659,8 @@ struct alignas(64) TileConfig {  // palette 1: tile i has rows[i] rows of colsb[
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
-// Every tile 16 x 64 bytes. Loaded at the start of each tile_q4k_amx call, not cached per
-// thread: other code on the thread (a library's own AMX kernels) may change the configuration in between.
+// Every tile 16 x 64 bytes. Loaded by each thread at the start of every run_all call that may use the tiles, not
+// cached per thread: other code on the thread (a library's own AMX kernels) may change it between calls.
 static inline void amx_configure() {
   TileConfig c;
   for (int i = 0; i < 8; ++i) c.rows[i] = 16, c.colsb[i] = 64;
@@ -942,7 +942,6 @@ void tile_q4k_amx(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t 
   if (perturb) memset(odd, 0, sizeof odd);  // only the tests' broken variant uses it
   alignas(64) uint8_t weights[2][2][4][16][64];  // [block parity][hi, lo][k]: two blocks' B tiles
   alignas(64) int32_t sums[T / 16][2][16][16];
-  amx_configure();
   B::amx_scaled_weights(w, weights[0][0], weights[0][1]);
   for (int64_t blk = 0; blk < nblk; ++blk) {
     const uint8_t* g = w + blk * B::GROUP_BYTES;
@@ -1048,6 +1047,9 @@ void run_all(const Act& a, int64_t M, const std::vector<const uint8_t*>& parts, 
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(threads, chunks);
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+#if QD_AMX
+    if (M >= 16) amx_configure();
+#endif
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
       size_t i = 0;
       while (c >= first_chunk[i + 1]) ++i;
