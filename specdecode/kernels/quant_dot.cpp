@@ -35,8 +35,8 @@ namespace qd_vnni {
 }
 #pragma GCC pop_options
 
-// A third copy for CPUs with AMX-INT8: the VNNI path, whose Q4_K tiles of 16 tokens multiply on the tile units
-// (Q4KX16::amx_sums in quant_dot_impl.h). Same integers, same float operations, same bits.
+// A third copy for CPUs with AMX-INT8: the VNNI path, whose interleaved Q4_K tiles of 16 and 32 tokens multiply on
+// the tile units (tile_q4k_amx in quant_dot_impl.h). Same integers, same float operations, same bits.
 #if defined(__GNUC__) && __GNUC__ >= 11 && defined(__x86_64__)
 #define QD_HAVE_AMX 1
 #pragma GCC push_options

@@ -33,8 +33,8 @@ _INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148), Q6_K_X16: (
 # Each type that has an interleaved layout, and that layout's type.
 INTERLEAVED = {Q4_K_UNPACKED: Q4_K_X16, Q6_K: Q6_K_X16, Q5_0: Q5_0_X16}
 _DEINTERLEAVED = {x16: source for source, x16 in INTERLEAVED.items()}
-# The int8 kernel's instruction set: "auto" picks AMX (Q4_K tiles of 16 tokens on the tile units, the rest as
-# VNNI) where the CPU and Linux allow it, else AVX-512 VNNI where present, else AVX2. All give the same bits;
+# The int8 kernel's instruction set: "auto" picks AMX (Q4_K tiles of 16 and 32 tokens on the tile units, the rest
+# as VNNI) where the CPU and Linux allow it, else AVX-512 VNNI where present, else AVX2. All give the same bits;
 # SPECDECODE_ISA=avx512-vnni or avx2 forces that path (for A/B timing).
 QUANT_ISA = os.environ.get("SPECDECODE_ISA", "auto")
 
