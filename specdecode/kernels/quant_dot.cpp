@@ -65,11 +65,34 @@ bool cpu_has_vnni() {  // asked once: every decoding matmul passes through here
 }
 
 // Symmetric int8, one scale per QB values of a row: d = max|x| / 127, q = round-to-nearest-even(x * 127 / max|x|).
-// Also the sums of every 16 (k-quant format) or 32 (32-block format) quantized values, which the weight
-// types with an offset (q - 32, q - 16, + min) need. Depends on the row's own values only. The values and
-// their sums are stored row-major ([M][in]) or, BLOCK_MAJOR, block by block ([in/QB][M][QB]); d is [M][in/QB].
-// Rows run in parallel for prompt-sized calls, more than a verify block's (each row's values are its own, so
-// the split changes nothing).
+// Eight lanes at a time, with the same float products and the same rounding as that scalar definition (cvtps
+// rounds to nearest even in the default mode, as nearbyint does), so the same bytes. Returns max|x|.
+template <int QB>
+inline float quantize_block(const float* v, int8_t* out) {
+  static_assert(QB % 32 == 0, "whole 32-value steps");
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 mx = _mm256_setzero_ps();
+  for (int i = 0; i < QB; i += 8)  // a NaN lane keeps the running maximum (max_ps returns its second operand)
+    mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + i), abs_mask), mx);
+  const float amax = hmax(mx);
+  const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' per-lane interleave
+  for (int i = 0; i < QB; i += 32) {
+    __m256i r[4];
+    for (int j = 0; j < 4; ++j)
+      r[j] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i + 8 * j), inv)), lo), hi);
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+    _mm256_storeu_si256((__m256i*)(out + i), _mm256_permutevar8x32_epi32(bytes, order));
+  }
+  return amax;
+}
+
+// Every QB-value block of M rows through quantize_block, with the sums of every 16 (k-quant format) or 32
+// (32-block format) quantized values, which the weight types with an offset (q - 32, q - 16, + min) need.
+// Depends on the row's own values only. The values and their sums are stored row-major ([M][in]) or,
+// BLOCK_MAJOR, block by block ([in/QB][M][QB]); d is [M][in/QB]. Rows run in parallel for prompt-sized calls,
+// more than a verify block's (each row's values are its own, so the split changes nothing).
 template <int QB, bool BLOCK_MAJOR>
 void quantize_rows(const float* x, int64_t M, int64_t in, int8_t* q, float* d, int16_t* sums16, int16_t* sums32_16,
                    int32_t* sums32) {
@@ -77,20 +100,14 @@ void quantize_rows(const float* x, int64_t M, int64_t in, int8_t* q, float* d, i
   at::parallel_for(0, M, 32, [&](int64_t m0, int64_t m1) {
   for (int64_t m = m0; m < m1; ++m)
     for (int64_t b = 0; b < nb; ++b) {
-      const float* v = x + m * in + b * QB;
       const int64_t at = BLOCK_MAJOR ? b * M + m : m * nb + b;  // the block's index in the stored order
       int8_t* out = q + at * QB;
-      float amax = 0.0f;
-      for (int i = 0; i < QB; ++i) amax = std::max(amax, std::fabs(v[i]));
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      d[m * nb + b] = amax / 127.0f;
-      int32_t total = 0;
-      for (int i = 0; i < QB; ++i) {
-        const int32_t r = (int32_t)std::nearbyint(v[i] * inv);
-        out[i] = (int8_t)std::max(-127, std::min(127, r));
-        total += out[i];
+      d[m * nb + b] = quantize_block<QB>(x + m * in + b * QB, out) / 127.0f;
+      if (sums32) {
+        int32_t total = 0;
+        for (int i = 0; i < QB; ++i) total += out[i];
+        sums32[at] = total;
       }
-      if (sums32) sums32[at] = total;
       if (sums32_16)
         for (int g = 0; g < QB / 32; ++g) {
           int32_t s = 0;
