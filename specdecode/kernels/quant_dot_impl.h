@@ -677,9 +677,8 @@ struct Q4KX16 {  // d, dmin (float16 x 16), scales [8 sub-blocks][16 rows], mins
   static constexpr int QK = 256, BYTES = 148, ROWS = 16, GROUP_BYTES = 16 * 148;
   static constexpr int D = 0, DMIN = 32, SCALES = 64, MINS = 192, QS = 320;  // offsets in a group block
   static constexpr bool K = true, SIGNED = false, OFFSET = true;
-  // s[t] += the block's exact sums, sub-block by sub-block, in the vector lanes (any T)
   template <int T>
-  static inline void vector_sums(const uint8_t* g, int h, const Act& a, int64_t first, XI* s) {
+  static inline void sums(const uint8_t* g, int h, const Act& a, int64_t first, XI* s, XI* o) {
 #pragma GCC unroll 1
     for (int j = 0; j < 8; ++j) {  // sub-block j: 32 columns, chunks 4j..4j+3
       const XI scales = x_scale_form(x_u8_to_32(g + SCALES + 16 * j + XL * h));
@@ -693,11 +692,12 @@ struct Q4KX16 {  // d, dmin (float16 x 16), scales [8 sub-blocks][16 rows], mins
       for (int t = 0; t < T; ++t)  // 8 products of 15 * 127 fit int16
         s[t] = x_add(s[t], x_dot_scaled<4, 4, CHAINS<T>>(lo, hi, a.kq + (first + t) * 256 + 32 * j, scales));
     }
+    offsets<T>(g, h, a, first, o);
   }
+  // o[t] += the offset's integer part (also the AMX tiles' offset: the mins stay in the vector lanes)
   template <int T>
-  static inline void sums(const uint8_t* g, int h, const Act& a, int64_t first, XI* s, XI* o) {
-    vector_sums<T>(g, h, a, first, s);
-    for (int p = 0; p < 4; ++p) {  // the offset: mins times sums of 32 activations, two sub-blocks per step
+  static inline void offsets(const uint8_t* g, int h, const Act& a, int64_t first, XI* o) {
+    for (int p = 0; p < 4; ++p) {  // mins times sums of 32 activations, two sub-blocks per step
       const XI mins = x_u8_to_16(g + MINS + 32 * p + 2 * XL * h);
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) o[t] = x_pairs(o[t], mins, a.kbsum32 + (first + t) * 8 + 2 * p);
@@ -950,19 +950,19 @@ void tile_q4k_amx(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t 
     amx_products<T>(a.kq + first * 256, weights[blk & 1][0], weights[blk & 1][1], sums);
     // The next block's activations into L1 meanwhile: a tile load waits for all of its 16 rows, and each k
     // step's loads wait for the previous step's products (there are no spare tiles to load ahead into).
-    if (blk + 1 < nblk)
+    if (blk + 1 < nblk) {
       for (int i = 0; i < T * 4; ++i) _mm_prefetch((const char*)(a.kq + (first + a.M) * 256) + 64 * i, _MM_HINT_T0);
-    if (blk + 1 < nblk) B::amx_scaled_weights(g + B::GROUP_BYTES, weights[(blk + 1) & 1][0], weights[(blk + 1) & 1][1]);
+      B::amx_scaled_weights(g + B::GROUP_BYTES, weights[(blk + 1) & 1][0], weights[(blk + 1) & 1][1]);
+    }
+    XI o[T];
+    for (int t = 0; t < T; ++t) o[t] = x_zero();
+    B::offsets<T>(g, 0, a, first, o);
     amx_fence();
     const XF d = B::d(g, 0), off_scale = B::off_scale(g, 0);
-    XI mins[4];
-    for (int p = 0; p < 4; ++p) mins[p] = x_u8_to_16(g + B::MINS + 32 * p);
     for (int t = 0; t < T; ++t) {
       const XI s = x_add(x_shl32<3>(_mm512_load_si512(sums[t / 16][0][t % 16])), _mm512_load_si512(sums[t / 16][1][t % 16]));
-      XI o = x_zero();
-      for (int p = 0; p < 4; ++p) o = x_pairs(o, mins[p], a.kbsum32 + (first + t) * 8 + 2 * p);
       float* sink = (perturb && t0 + t == perturb_token && (blk & 1)) ? odd[t] : acc[t];
-      x16_accumulate<true>(sink, off[t], s, o, d, off_scale, x_set1(a.kd_by_block[blk * (a.M + 8) + t0 + t]));
+      x16_accumulate<true>(sink, off[t], s, o[t], d, off_scale, x_set1(a.kd_by_block[blk * (a.M + 8) + t0 + t]));
     }
   }
   x16_store<T, 16>(acc, off, odd, t0, perturb_token, y, ldy);
