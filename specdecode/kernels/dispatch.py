@@ -45,15 +45,19 @@ def int8_attn_out(x: torch.Tensor, attn: torch.Tensor, out_proj: QuantWeight, no
 FUSED_LAYER = True
 
 
-def int8_layer(x: torch.Tensor, layer, keys: torch.Tensor, values: torch.Tensor, start: int, cos, sin,
-               visible: torch.Tensor | None, config) -> torch.Tensor:
-    """A whole int8 decoder layer in one call: int8_attn_in, the block's keys and values written to this
-    layer's cache ([Hkv, max_len, D]) at start.., block attention (row-exact; `visible` for a token tree),
-    int8_attn_out. The same operations as the three calls, without the PyTorch dispatch between them."""
+def int8_layer(x: torch.Tensor, layer, layer_index: int, spans, cos, sin, config) -> torch.Tensor:
+    """A whole int8 decoder layer in one call over the rows of one or more sequences (models.transformer.RowSpan:
+    each its cache, start and row count, and `visible` for a token tree): int8_attn_in over all rows, each
+    span's keys and values written to its cache ([Hkv, max_len, D] per layer), block attention per span
+    (row-exact), int8_attn_out over all rows. The same operations as the three calls, without the PyTorch
+    dispatch between them."""
     c = config
+    none = torch.empty(0, dtype=torch.bool)
     return native._kernel.int8_layer(
         x.contiguous(), layer.attn_norm, c.rms_norm_eps, layer.qkv.parts, layer.qkv.types, layer.qkv_bias,
-        cos.contiguous(), sin.contiguous(), c.n_heads, c.n_kv_heads, c.head_dim, keys, values, start, visible,
+        cos.contiguous(), sin.contiguous(), c.n_heads, c.n_kv_heads, c.head_dim,
+        [s.cache.keys[layer_index] for s in spans], [s.cache.values[layer_index] for s in spans],
+        [s.start for s in spans], [s.rows for s in spans], [none if s.visible is None else s.visible for s in spans],
         layer.out_proj.parts, layer.out_proj.types, layer.mlp_norm, layer.gate_up.parts, layer.gate_up.types,
         layer.down.parts, layer.down.types, QUANT_ISA)
 

@@ -154,35 +154,57 @@ torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<tor
   return linear_rows(act, down_parts, down_types, isa).add_(y);
 }
 
-// A whole layer: x [T, hidden] at cache positions start..start+T-1. keys, values: this layer's cache,
-// [kv_heads, max_len, head_dim] contiguous; the block's keys and values are written there, then every row
-// attends the cache up to itself (or, for a token tree, `visible` [T, T] as block_attention takes it).
+// A whole layer over the rows of one or more sequences, each at its own cache: x [T, hidden] holds, in order,
+// rows[s] rows of sequence s at its cache positions starts[s].. (keys[s], values[s]: that sequence's cache
+// for this layer, [kv_heads, max_len, head_dim] contiguous). The products run once over all T rows (each
+// row's result is its own); each sequence's keys and values are written to its cache, then each of its rows
+// attends that cache up to itself (or, for a token tree, visible[s] [rows, rows] as block_attention takes
+// it; an empty tensor means causal). A row's bits depend on its own inputs and position only, whichever
+// other sequences share the pass: a batch is row-exact as a block is.
 torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, std::vector<torch::Tensor> qkv_parts,
                          std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias, torch::Tensor cos,
-                         torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, torch::Tensor keys,
-                         torch::Tensor values, int64_t start, c10::optional<torch::Tensor> visible,
-                         std::vector<torch::Tensor> out_parts, std::vector<int64_t> out_types, torch::Tensor mlp_norm,
-                         std::vector<torch::Tensor> gate_up_parts, std::vector<int64_t> gate_up_types,
-                         std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa) {
-  const int64_t T = x.size(0);
-  TORCH_CHECK(keys.scalar_type() == at::kFloat && values.scalar_type() == at::kFloat && keys.is_contiguous() &&
-                  values.is_contiguous() && keys.dim() == 3 && keys.sizes() == values.sizes() && keys.size(0) == kv_heads &&
-                  keys.size(2) == head_dim,
-              "int8_layer: the cache must be contiguous float32 [kv_heads, max_len, head_dim]");
-  TORCH_CHECK(start >= 0 && start + T <= keys.size(1), "int8_layer: the block does not fit in the cache");
+                         torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::vector<torch::Tensor> keys,
+                         std::vector<torch::Tensor> values, std::vector<int64_t> starts, std::vector<int64_t> rows,
+                         std::vector<torch::Tensor> visible, std::vector<torch::Tensor> out_parts,
+                         std::vector<int64_t> out_types, torch::Tensor mlp_norm, std::vector<torch::Tensor> gate_up_parts,
+                         std::vector<int64_t> gate_up_types, std::vector<torch::Tensor> down_parts,
+                         std::vector<int64_t> down_types, std::string isa) {
+  const int64_t T = x.size(0), S = (int64_t)rows.size();
+  TORCH_CHECK((int64_t)keys.size() == S && (int64_t)values.size() == S && (int64_t)starts.size() == S &&
+                  (int64_t)visible.size() == S,
+              "int8_layer: one cache, start, row count and visibility per sequence");
+  int64_t total = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const auto& kc = keys[s];
+    const auto& vc = values[s];
+    TORCH_CHECK(kc.scalar_type() == at::kFloat && vc.scalar_type() == at::kFloat && kc.is_contiguous() && vc.is_contiguous() &&
+                    kc.dim() == 3 && kc.sizes() == vc.sizes() && kc.size(0) == kv_heads && kc.size(2) == head_dim,
+                "int8_layer: a cache must be contiguous float32 [kv_heads, max_len, head_dim]");
+    TORCH_CHECK(rows[s] >= 1 && starts[s] >= 0 && starts[s] + rows[s] <= kc.size(1), "int8_layer: a block does not fit in its cache");
+    total += rows[s];
+  }
+  TORCH_CHECK(total == T, "int8_layer: the sequences' rows do not add up to the block");
   auto qkv = int8_attn_in(x, attn_norm, eps, qkv_parts, qkv_types, bias, cos, sin, heads, kv_heads, head_dim, isa);
   const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, width = q_size + 2 * kv_size;
   const float* p = qkv.data_ptr<float>();
-  float* kc = keys.data_ptr<float>();
-  float* vc = values.data_ptr<float>();
-  const int64_t max_len = keys.size(1);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < kv_heads; ++h) {
-      std::copy_n(p + t * width + q_size + h * head_dim, head_dim, kc + (h * max_len + start + t) * head_dim);
-      std::copy_n(p + t * width + q_size + kv_size + h * head_dim, head_dim, vc + (h * max_len + start + t) * head_dim);
-    }
-  auto q = qkv.narrow(1, 0, q_size).reshape({T, heads, head_dim});
-  auto attn = block_attention_cpu(q, keys.narrow(1, 0, start + T), values.narrow(1, 0, start + T), start, visible);
-  return int8_attn_out(x, attn.view({T, q_size}), out_parts, out_types, mlp_norm, eps, gate_up_parts, gate_up_types,
-                       down_parts, down_types, isa);
+  auto attn = torch::empty({T, q_size}, x.options());
+  int64_t first = 0;  // the sequence's first row in the block
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t n = rows[s], start = starts[s], max_len = keys[s].size(1);
+    float* kc = keys[s].data_ptr<float>();
+    float* vc = values[s].data_ptr<float>();
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const float* row = p + (first + t) * width + q_size + h * head_dim;
+        std::copy_n(row, head_dim, kc + (h * max_len + start + t) * head_dim);
+        std::copy_n(row + kv_size, head_dim, vc + (h * max_len + start + t) * head_dim);
+      }
+    auto q = qkv.narrow(0, first, n).narrow(1, 0, q_size).reshape({n, heads, head_dim});
+    c10::optional<torch::Tensor> vis;
+    if (visible[s].numel()) vis = visible[s];
+    auto out = block_attention_cpu(q, keys[s].narrow(1, 0, start + n), values[s].narrow(1, 0, start + n), start, vis);
+    attn.narrow(0, first, n).copy_(out.view({n, q_size}));
+    first += n;
+  }
+  return int8_attn_out(x, attn, out_parts, out_types, mlp_norm, eps, gate_up_parts, gate_up_types, down_parts, down_types, isa);
 }

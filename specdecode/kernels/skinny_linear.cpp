@@ -26,11 +26,12 @@ torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<tor
                             std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa);  // int8_layer.cpp
 torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, std::vector<torch::Tensor> qkv_parts,
                          std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias, torch::Tensor cos,
-                         torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, torch::Tensor keys,
-                         torch::Tensor values, int64_t start, c10::optional<torch::Tensor> visible,
-                         std::vector<torch::Tensor> out_parts, std::vector<int64_t> out_types, torch::Tensor mlp_norm,
-                         std::vector<torch::Tensor> gate_up_parts, std::vector<int64_t> gate_up_types,
-                         std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa);  // int8_layer.cpp
+                         torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::vector<torch::Tensor> keys,
+                         std::vector<torch::Tensor> values, std::vector<int64_t> starts, std::vector<int64_t> rows,
+                         std::vector<torch::Tensor> visible, std::vector<torch::Tensor> out_parts,
+                         std::vector<int64_t> out_types, torch::Tensor mlp_norm, std::vector<torch::Tensor> gate_up_parts,
+                         std::vector<int64_t> gate_up_types, std::vector<torch::Tensor> down_parts,
+                         std::vector<int64_t> down_types, std::string isa);  // int8_layer.cpp
 
 // Weight storage: float32 or bfloat16.
 enum WType { F32 = 0, BF16 = 1 };

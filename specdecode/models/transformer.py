@@ -7,6 +7,8 @@ weights in as few matmuls as possible.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -14,6 +16,30 @@ from torch import nn
 from .. import kernels
 from ..cache import KVCache
 from .config import ModelConfig
+
+
+@dataclass
+class RowSpan:
+    """Rows of one sequence inside a layer's block: `rows` rows at positions start.. of `cache`."""
+
+    cache: KVCache
+    start: int
+    rows: int
+    visible: torch.Tensor | None = None  # [rows, rows] bool for a token tree; None: causal
+
+
+@dataclass
+class Segment:
+    """One sequence's part of a batched pass: new tokens appended at the end of its own cache."""
+
+    tokens: list[int]
+    cache: KVCache
+    logits: str = "all"  # "all" | "last" | "none"
+    parents: list[int] | None = None  # a token tree (see tree_mask); None: a chain
+
+    @property
+    def rows(self) -> int:
+        return len(self.tokens)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -54,30 +80,60 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, layer_index: int, cache: KVCache, start: int, cos, sin, attn_mask, exact_rows: bool = False,
                 visible: torch.Tensor | None = None):
+        if exact_rows:
+            return self.forward_rows(x, layer_index, [RowSpan(cache, start, x.shape[0], visible)], cos, sin)
+        # A prompt-sized float32 block: one masked attention call (not row-exact, see Transformer.forward).
+        q, k, v = self._qkv(x, cos, sin)
+        cache.write(layer_index, start, k.transpose(0, 1), v.transpose(0, 1))
+        keys, values = cache.view(layer_index, start + x.shape[0])
+        return self._out(x, self._sdpa(q, keys, values, start, attn_mask, row_wise=False))
+
+    def forward_rows(self, x, layer_index: int, spans: list["RowSpan"], cos, sin):
+        """x holds the rows of every span in order; each span's rows attend its own cache only, row-exactly:
+        a row's result depends on its own inputs and position, never on the other spans in the pass."""
+        c = self.config
+        fused = isinstance(self.qkv, kernels.QuantWeight)  # int8: the whole layer in one kernel call
+        if fused and kernels.dispatch.FUSED_LAYER and all(s.cache.keys.dtype == torch.float32 for s in spans):
+            return kernels.int8_layer(x, self, layer_index, spans, cos, sin, c)
+        q, k, v = self._qkv(x, cos, sin)
+        outputs, first = [], 0
+        for span in spans:
+            rows = slice(first, first + span.rows)
+            outputs.append(self._attend(layer_index, span, q[rows], k[rows], v[rows]))
+            first += span.rows
+        return self._out(x, torch.cat(outputs) if len(outputs) > 1 else outputs[0])
+
+    def _qkv(self, x, cos, sin):
         c = self.config
         seq = x.shape[0]
-        fused = isinstance(self.qkv, kernels.QuantWeight)  # int8: everything but attention in two kernel calls
-        if fused and exact_rows and cache.keys.dtype == torch.float32 and kernels.dispatch.FUSED_LAYER:  # or all in one
-            return kernels.int8_layer(x, self, cache.keys[layer_index], cache.values[layer_index], start, cos, sin, visible, c)
-        if fused:
+        if isinstance(self.qkv, kernels.QuantWeight):
             qkv = kernels.int8_attn_in(x, self.attn_norm, c.rms_norm_eps, self.qkv, self.qkv_bias, cos, sin, c)
-            q, k, v = (part.view(seq, -1, c.head_dim) for part in qkv.split((c.q_size, c.kv_size, c.kv_size), dim=-1))
-        else:
-            h = rms_norm(x, self.attn_norm, c.rms_norm_eps)
-            q, k, v = kernels.linear(h, self.qkv, self.qkv_bias).split((c.q_size, c.kv_size, c.kv_size), dim=-1)
-            q = apply_rope(q.view(seq, c.n_heads, c.head_dim), cos, sin)
-            k = apply_rope(k.view(seq, c.n_kv_heads, c.head_dim), cos, sin)
-            v = v.view(seq, c.n_kv_heads, c.head_dim)
-        cache.write(layer_index, start, k.transpose(0, 1), v.transpose(0, 1))
-        keys, values = cache.view(layer_index, start + seq)
-        attn = kernels.block_attention(q, keys, values, start, visible) if exact_rows else None
+            return (part.view(seq, -1, c.head_dim) for part in qkv.split((c.q_size, c.kv_size, c.kv_size), dim=-1))
+        h = rms_norm(x, self.attn_norm, c.rms_norm_eps)
+        q, k, v = kernels.linear(h, self.qkv, self.qkv_bias).split((c.q_size, c.kv_size, c.kv_size), dim=-1)
+        q = apply_rope(q.view(seq, c.n_heads, c.head_dim), cos, sin)
+        k = apply_rope(k.view(seq, c.n_kv_heads, c.head_dim), cos, sin)
+        return q, k, v.view(seq, c.n_kv_heads, c.head_dim)
+
+    def _attend(self, layer_index: int, span: "RowSpan", q, k, v) -> torch.Tensor:
+        """One span's attention ([rows, H, D] -> [rows, q_size]) after writing its keys and values to its cache."""
+        span.cache.write(layer_index, span.start, k.transpose(0, 1), v.transpose(0, 1))
+        keys, values = span.cache.view(layer_index, span.start + span.rows)
+        attn = kernels.block_attention(q, keys, values, span.start, span.visible)
         if attn is None:
-            attn = self._sdpa(q, keys, values, start, attn_mask, row_wise=exact_rows and visible is None)
-        attn = attn.reshape(seq, c.q_size)
-        if fused:
-            return kernels.int8_attn_out(x, attn, self.out_proj, self.mlp_norm, c.rms_norm_eps, self.gate_up, self.down)
+            mask = None
+            if span.visible is not None:
+                mask = torch.ones(span.rows, span.start + span.rows, dtype=torch.bool, device=q.device)
+                mask[:, span.start :] = span.visible
+            attn = self._sdpa(q, keys, values, span.start, mask, row_wise=span.visible is None)
+        return attn.reshape(span.rows, self.config.q_size)
+
+    def _out(self, x, attn):
+        attn = attn.reshape(x.shape[0], self.config.q_size)
+        if isinstance(self.qkv, kernels.QuantWeight):
+            return kernels.int8_attn_out(x, attn, self.out_proj, self.mlp_norm, self.config.rms_norm_eps, self.gate_up, self.down)
         x = x + kernels.linear(attn, self.out_proj)
-        h = rms_norm(x, self.mlp_norm, c.rms_norm_eps)
+        h = rms_norm(x, self.mlp_norm, self.config.rms_norm_eps)
         gate, up = kernels.linear(h, self.gate_up).chunk(2, dim=-1)
         return x + kernels.linear(F.silu(gate) * up, self.down)
 
@@ -186,8 +242,10 @@ class Transformer(nn.Module):
         cache.length = start + seq
         if logits == "none":
             return None
-        if logits == "last":
-            x = x[-1:]
+        return self._head(x[-1:] if logits == "last" else x)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and output layer of the rows in x: [T, hidden] -> [T, vocab]."""
         x = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
         if self._subset_head is None:
             return kernels.linear(x, self.output_weight())
@@ -195,6 +253,83 @@ class Transformer(nn.Module):
         full = torch.full((x.shape[0], self.config.vocab_size), float("-inf"), device=x.device)
         full[:, self.vocab_subset] = partial
         return full
+
+    @property
+    def batch_rows(self) -> int:
+        """The most rows one batched pass may hold and stay row-exact: any number on the int8 path; on the
+        float32 CPU path as many as its kernels compute row by row; 0 where rows are not exact (no kernel,
+        CUDA), so forward_batch runs each sequence alone there."""
+        if self.device.type != "cpu" or kernels.load_kernel() is None:
+            return 0
+        return 1 << 20 if self.int8 else kernels.FLOAT32_CHUNKED_MAX_ROWS
+
+    @torch.inference_mode()
+    def forward_batch(self, segments: list[Segment]) -> list[torch.Tensor | None]:
+        """One pass over several sequences' new tokens, each at the end of its own cache.
+
+        Every weight matrix multiplies all rows of all segments in one call; attention runs per segment
+        over its own keys and values. Each row gets the bits it would get in `forward` alone (the kernels are
+        row-exact), so a sequence's output does not depend on what else shares the pass. Returns per segment
+        its logits as `forward` would ([rows, vocab], [1, vocab] or None). Where rows are not exact (see
+        batch_rows), or a pass would hold more rows than stay exact, segments run in smaller groups or alone.
+        """
+        limit = self.batch_rows
+        if len(segments) == 1 or limit == 0:
+            return [self._forward_segment(seg) for seg in segments]
+        out, group, rows = [], [], 0
+        for seg in segments:
+            if group and rows + seg.rows > limit:
+                out += self._forward_group(group)
+                group, rows = [], 0
+            group.append(seg)
+            rows += seg.rows
+        return out + self._forward_group(group)
+
+    def _forward_segment(self, seg: Segment) -> torch.Tensor | None:
+        tokens = torch.tensor(seg.tokens, device=self.device)
+        if seg.parents is None:
+            return self(tokens, seg.cache, logits=seg.logits)
+        start = seg.cache.length
+        logits = self(tokens, seg.cache, positions=tree_positions(start, seg.parents, self.device),
+                      attn_mask=tree_mask(start, seg.parents, self.device))
+        return logits[-1:] if seg.logits == "last" else (None if seg.logits == "none" else logits)
+
+    def _forward_group(self, segments: list[Segment]) -> list[torch.Tensor | None]:
+        if len(segments) == 1 and segments[0].rows > self.batch_rows:
+            return [self._forward_segment(segments[0])]
+        spans, positions = [], []
+        for seg in segments:
+            start = seg.cache.length
+            if start + seg.rows > seg.cache.max_len:
+                raise ValueError(f"block of {seg.rows} tokens does not fit: cache holds {start} of {seg.cache.max_len}")
+            if seg.parents is None:
+                positions.append(torch.arange(start, start + seg.rows, device=self.device))
+                visible = None
+            else:
+                positions.append(tree_positions(start, seg.parents, self.device))
+                visible = tree_mask(start, seg.parents, self.device)[:, start:]
+            spans.append(RowSpan(seg.cache, start, seg.rows, visible))
+        cos, sin = self._rope(torch.cat(positions))
+        x = self.embed[torch.tensor([t for seg in segments for t in seg.tokens], device=self.device)]
+        for index, layer in enumerate(self.layers):
+            x = layer.forward_rows(x, index, spans, cos, sin)
+        picked, first = [], 0  # the rows whose logits are wanted, in segment order
+        for seg, span in zip(segments, spans):
+            seg.cache.length = span.start + span.rows
+            if seg.logits == "all":
+                picked.append(torch.arange(first, first + seg.rows))
+            elif seg.logits == "last":
+                picked.append(torch.tensor([first + seg.rows - 1]))
+            first += seg.rows
+        if not picked:
+            return [None] * len(segments)
+        logits = self._head(x[torch.cat(picked).to(self.device)])
+        out, at = [], 0
+        for seg in segments:
+            count = {"all": seg.rows, "last": 1}.get(seg.logits, 0)
+            out.append(logits[at : at + count] if count else None)
+            at += count
+        return out
 
 
 def causal_mask(start: int, seq: int, device) -> torch.Tensor:
