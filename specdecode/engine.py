@@ -8,7 +8,6 @@ step's tokens into text and decides whether the answer is over; the caller gets 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -16,8 +15,7 @@ import torch
 
 from . import kernels
 from .drafters.base import Drafter
-from .drafters.draft_model import common_prefix_len
-from .drafters.registry import drafter_spec
+from .drafters.registry import build_drafter
 from .drafters.suffix_store import SuffixStore
 from .drafters.vocab import restrict_draft_vocabulary
 from .errors import InputError, ModelError
@@ -25,21 +23,25 @@ from .models.loader import LoadedModel
 from .models.transformer import Transformer
 from .sampling import SamplingParams
 from .stats import GenerationStats
-from .step import speculative_step
+from .generation import Generation, StreamEvent
 from .text import Stopper
-from .tuner import GenerationTuning, Tuner
+from .tuner import Tuner
 
 
-@dataclass
-class StreamEvent:
-    text: str  # new text since the previous event
-    tokens: list[int]  # new tokens of this step (a stop string completed a step later can end the answer
-    # before the last of them: the final stats.generated_tokens is the answer's length)
-    origins: list[str]  # per token: accepted / recovered / bonus / plain (see step.py)
-    stats: GenerationStats
-    finished: bool = False
-    pieces: list[str] = field(default_factory=list)  # per token, its text
-    sources: list[str] = field(default_factory=list)  # per token: the source of an accepted draft token, else ""
+@dataclass(frozen=True)
+class Request:
+    """One generation's settings, checked (Engine.request builds it)."""
+
+    prompt_ids: tuple[int, ...]
+    drafter: str | Drafter | None  # a registry name; None: plain decoding
+    fixed_k: int | None  # None: the adaptive K
+    max_k: int
+    sampling: SamplingParams
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+    min_confidence: float = 0.0
+    namespace: str | None = ""
+    should_stop: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -115,17 +117,7 @@ class Engine:
     # ----------------------------------------------------------------- set-up helpers
     def drafter(self, name: str | Drafter | None) -> Drafter | None:
         """The engine's drafter of that name (made once, kept with its state), or None for plain decoding."""
-        if name is None or isinstance(name, Drafter):
-            return name
-        spec = drafter_spec(name)
-        if spec.build is None:
-            return None
-        if spec.needs_draft_model and self.draft is None:
-            raise InputError(f"drafter '{spec.name}' needs a draft model (load the engine with one)")
-        drafter = self._drafters.get(spec.name)
-        if drafter is None:
-            drafter = self._drafters[spec.name] = spec.build(self)
-        return drafter
+        return build_drafter(self, self._drafters, name)
 
     @staticmethod
     def resolve_max_k(max_k: int | None, drafter: Drafter | None) -> int:
@@ -171,7 +163,11 @@ class Engine:
         del tokens[stats.generated_tokens :], origins[stats.generated_tokens :], sources[stats.generated_tokens :]
         return GenerationResult("".join(text), tokens, origins, stats, list(self.last_prompt_ids), sources)
 
-    def stream(
+    def stream(self, prompt, **settings) -> Iterator[StreamEvent]:
+        """Generate, one event per speculative step (settings: see `request`)."""
+        return self._loop(self.request(prompt, **settings))
+
+    def request(
         self,
         prompt,
         *,
@@ -185,9 +181,9 @@ class Engine:
         max_k: int | None = None,
         should_stop: Callable[[], bool] | None = None,
         namespace: str | None = "",
-    ) -> Iterator[StreamEvent]:
-        """Generate, one event per speculative step. namespace: whose request this is; drafters that learn
-        from earlier requests (suffix) propose only from the same namespace's. None: this request neither
+    ) -> Request:
+        """A checked request (InputError names what is wrong). namespace: whose request this is; drafters that
+        learn from earlier requests (suffix) propose only from the same namespace's. None: this request neither
         copies from earlier requests nor is kept for later ones."""
         sampling = sampling or SamplingParams()
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -204,94 +200,63 @@ class Engine:
         max_k = max(1, min(self.resolve_max_k(max_k, drafter_obj), self.max_context - 2))
         if drafter_obj is not None and drafter_obj.greedy_only and not sampling.greedy:
             raise InputError(f"drafter '{drafter_obj.name}' supports greedy decoding only; use a chain drafter for sampling")
-        stopper = Stopper(self.tokenizer, max_new_tokens, stop or ())
         fixed_k = None if k == "auto" else int(k)
-        return self._loop(prompt_ids, drafter_obj, fixed_k, sampling, stopper, max_k, min_confidence, should_stop,
-                          namespace)
+        return Request(tuple(prompt_ids), drafter if isinstance(drafter, Drafter) else (drafter_obj and drafter_obj.name),
+                       fixed_k, max_k, sampling, max_new_tokens, tuple(stop or ()), min_confidence, namespace, should_stop)
 
     # ----------------------------------------------------------------- the loop
-    def _prefill(self, prompt_ids: list[int]) -> None:
-        """Make the target cache hold prompt_ids[:-1], reusing whatever prefix it already holds."""
-        keep = common_prefix_len(self.cached_ids, prompt_ids[:-1])
-        self.cache.truncate(keep)
-        del self.cached_ids[keep:]
-        pending = prompt_ids[keep:-1]
+    def new_generation(self, request: Request, slot, drafter: Drafter | None) -> Generation:
+        """A generation of `request` in `slot` (this engine, or a batch slot) with that slot's drafter: the
+        drafter begins, and the adaptive K gets its costs if it lacks them."""
+        stopper = Stopper(self.tokenizer, request.max_new_tokens, request.stop)
+        generation = Generation(slot, list(request.prompt_ids), drafter, request.sampling, stopper, request.should_stop)
+        self.start_generation(generation, request.fixed_k, request.max_k, request.min_confidence, request.namespace)
+        return generation
+
+    def _loop(self, request: Request) -> Iterator[StreamEvent]:
+        """Choose K, take a speculative step, learn from it, hand its text out; until the answer stops."""
+        drafter = self.drafter(request.drafter)
+        generation = self.new_generation(request, self, drafter)
+        pending = generation.reuse_prefix()
         device = self.target.model.device
         for start in range(0, len(pending), self.prefill_chunk):
             chunk = pending[start : start + self.prefill_chunk]
             self.target.model(torch.tensor(chunk, device=device), self.cache, logits="none")
-            self.cached_ids.extend(chunk)
-
-    def _loop(self, prompt_ids, drafter, fixed_k, sampling, stopper, max_k, min_confidence, should_stop, namespace):
-        """Choose K, take a speculative step, learn from it, hand its text out; until the answer stops."""
-        stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
-        tuning, started = self._start_generation(prompt_ids, drafter, namespace, fixed_k, max_k, min_confidence, stats)
-        noise = sampling.noise()
-        sequence = list(prompt_ids)  # every token the target has confirmed; its cache holds all but the last
+            generation.read(chunk)
+        self.prefilled(generation)
         live = self._live_generation = object()
         while True:
             self._check_live(live)
-            room = self.cache.max_len - self.cache.length - 1  # positions left after the pending token
-            if room < 0:  # the context is full
-                out = stopper.end("length")
-            else:
-                k = tuning.choose_k(stopper.budget, room, len(stopper.tokens))
-                if k > 0 and tuning.draft_needs_prompt:
-                    stats.time_draft += self._read_prompt_into_draft(drafter, prompt_ids, tuning)
-                step = speculative_step(self.target.model, self.cache, drafter, sequence, k, sampling, noise,
-                                        tuning.stop_rule)
-                self.cached_ids += [sequence[-1]] + step.tokens[:-1]
-                sequence += step.tokens
-                tuning.observe(step)
-                stats.record_step(step)
-                if self.check_invariants:
-                    self._assert_invariants(sequence, drafter)
-                # which source drafted the accepted tokens: lookup / store / draft for auto, else the drafter
-                sources = [step.draft.source or stats.drafter] * step.accepted + [""]
-                out = stopper.push(step.tokens, step.origins, cancel=should_stop is not None and should_stop(),
-                                   sources=sources)
-            stats.generated_tokens, stats.origins = len(stopper.tokens), Counter(stopper.origin_counts)
-            stats.time_total = time.perf_counter() - started
-            if out.finish is not None:
-                self._finish(stats, out.finish, tuning, drafter, sequence)
-            yield StreamEvent(out.text, out.tokens, out.origins, stats, out.finish is not None, out.pieces, out.sources)
-            if out.finish is not None:
+            event = generation.step_alone(self.target.model)
+            if self.check_invariants:
+                self._assert_invariants(generation.sequence, drafter)
+            yield event
+            if event.finished:
                 return
 
-    def _start_generation(self, prompt_ids, drafter, namespace, fixed_k, max_k, min_confidence,
-                          stats) -> tuple[GenerationTuning, float]:
-        """Measure costs if the adaptive K lacks them, read the prompt into the target cache.
-        Returns the generation's tuning and the time it started (costs measured before it)."""
+    def start_generation(self, generation: Generation, fixed_k, max_k, min_confidence, namespace) -> None:
+        """Before the prompt is read: the drafter begins, and the adaptive K gets its costs if it lacks them."""
+        drafter, stats = generation.drafter, generation.stats
         if drafter is not None:
-            drafter.begin(prompt_ids[:-1], namespace)  # drops state from another sequence; keeps a shared prefix
+            drafter.begin(generation.prompt_ids[:-1], namespace)  # drops state from another sequence; keeps a shared prefix
         if self.tuner.needs_costs(drafter, fixed_k, max_k):
             t0 = time.perf_counter()
             self.measure_costs(max_k, drafter)
             stats.notes.append(f"measured target/draft costs for the adaptive K once ({time.perf_counter() - t0:.1f}s,"
                                " not in the timings)")
-        started = time.perf_counter()
+        generation.started = time.perf_counter()
         # The draft model reads the prompt lazily, on its first proposal: a generation that never drafts
         # never pays for it. Nothing touches its cache before then, so what it lacks is fixed now.
-        unread = drafter.unread_tokens(prompt_ids) if drafter is not None and drafter.has_model else 0
-        self._prefill(prompt_ids)
-        stats.time_prefill = time.perf_counter() - started
-        return self.tuner.start(drafter, fixed_k, max_k, min_confidence, unread, len(prompt_ids), stats.time_prefill), started
+        generation.unread = drafter.unread_tokens(generation.prompt_ids) if drafter is not None and drafter.has_model else 0
+        generation.tuning_args = (fixed_k, max_k, min_confidence)
 
-    @staticmethod
-    def _finish(stats: GenerationStats, reason: str, tuning: GenerationTuning, drafter, sequence: list[int]) -> None:
-        stats.finish_reason = reason
-        tuning.end(stats)
-        if drafter is not None:
-            drafter.end(sequence)
-
-    @staticmethod
-    def _read_prompt_into_draft(drafter, prompt_ids, tuning) -> float:
-        """The draft model's lazy prefill; its time counts in the total but not in the per-step costs."""
-        t0 = time.perf_counter()
-        drafter.prefill(prompt_ids)
-        seconds = time.perf_counter() - t0
-        tuning.observe_draft_prefill(seconds)
-        return seconds
+    def prefilled(self, generation: Generation) -> None:
+        """The prompt is in the target cache: the generation's tuning starts, knowing what the prefill cost."""
+        stats = generation.stats
+        stats.time_prefill = time.perf_counter() - generation.started
+        fixed_k, max_k, min_confidence = generation.tuning_args
+        generation.tuning = self.tuner.start(generation.drafter, fixed_k, max_k, min_confidence, generation.unread,
+                                             len(generation.prompt_ids), stats.time_prefill)
 
     def _check_live(self, live: object) -> None:
         # An engine holds one cache: a second stream started on it takes the cache over, and this one
@@ -356,6 +321,29 @@ class Engine:
 
             draft_pass()
             self.tuner.costs.draft[model.name] = fastest(draft_pass)
+
+    def measure_batch_costs(self, max_rows: int, repeats: int = 2) -> None:
+        """Time target passes of up to max_rows rows (a batch of several requests' blocks), where the cost model
+        lacks them: the batch planner weighs each draft token against what its row adds to the pass."""
+        sizes = [size for size in (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if size <= max_rows] + [max_rows]
+        sizes = [size for size in dict.fromkeys(sizes) if size not in self.tuner.costs.target]
+        if not sizes:
+            return
+        scratch = self.target.model.new_cache(max(sizes) + 8)
+        device = self.target.model.device
+        warm = torch.zeros(8, dtype=torch.long, device=device)
+        self.target.model(warm, scratch, logits="none")
+        for size in sizes:
+            if size + 8 > scratch.max_len:
+                continue
+            tokens = torch.zeros(size, dtype=torch.long, device=device)
+            times = []
+            for _ in range(repeats):
+                scratch.truncate(8)
+                t0 = time.perf_counter()
+                self.target.model(tokens, scratch, logits="all").argmax(-1).tolist()
+                times.append(time.perf_counter() - t0)
+            self.tuner.costs.set_measured(size, min(times))
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

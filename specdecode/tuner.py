@@ -130,11 +130,14 @@ class GenerationTuning:
             self.tuner.draft_prefill_cost[self.name] = per_token if old is None else 0.5 * (old + per_token)
         self.unread_prompt = 0
 
-    def observe(self, step) -> None:
-        """Learn from a finished StepResult: block costs, acceptance, confidence calibration."""
+    def observe(self, step, record_cost: bool = True) -> None:
+        """Learn from a finished StepResult: block costs, acceptance, confidence calibration. record_cost: the
+        step's verify time is its block's cost (not where the pass held other requests' rows: the batch
+        records the pass's cost by its total rows)."""
         draft = step.draft
         source = draft.source or self.name
-        self.costs.record_target(step.block_size, step.verify_seconds)
+        if record_cost:
+            self.costs.record_target(step.block_size, step.verify_seconds)
         # A step that first had to consume many context tokens says nothing about a draft pass's cost.
         if self.drafter is not None and draft.tokens and draft.catch_up <= 2:
             self.costs.record_draft(source, step.draft_seconds / max(1, draft.forward_passes or len(draft.tokens)))

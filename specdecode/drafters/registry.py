@@ -54,6 +54,22 @@ def drafter_spec(name: str) -> DrafterSpec:
     return spec
 
 
+def build_drafter(owner, built: dict[str, Drafter], name: str | Drafter | None) -> Drafter | None:
+    """owner's drafter of that name, made once and kept in `built` with its state (None: plain decoding).
+    owner: what the builders read (an Engine, or one batch slot with drafters of its own)."""
+    if name is None or isinstance(name, Drafter):
+        return name
+    spec = drafter_spec(name)
+    if spec.build is None:
+        return None
+    if spec.needs_draft_model and owner.draft is None:
+        raise InputError(f"drafter '{spec.name}' needs a draft model (load the engine with one)")
+    drafter = built.get(spec.name)
+    if drafter is None:
+        drafter = built[spec.name] = spec.build(owner)
+    return drafter
+
+
 def available_drafters(has_draft_model: bool) -> list[str]:
     """Every drafter by name, less those that need a draft model where the engine has none."""
     return [name for name, spec in DRAFTERS.items() if has_draft_model or not spec.needs_draft_model]

@@ -1,0 +1,265 @@
+"""Many requests, one target pass per step: continuous batching with speculation.
+
+Each step packs, for every running request, its verify block (its last token plus its own draft) and,
+within a row budget, a chunk of a newly admitted prompt into one `Transformer.forward_batch`: one call per
+weight matrix over all rows, attention per request over its own cache. Requests join and leave between
+passes. Every request runs in a `Slot` of its own (a target cache, the drafters that keep per-sequence
+state) and is judged on its own rows only; the kernels compute each row from its own inputs and position
+alone, so a request's tokens are those it gets running by itself (greedy and seeded sampling alike), however
+many others share its passes and whenever they arrive.
+
+How much each request drafts is decided for the whole pass (`batch_plan.trim_drafts`): a pass's cost
+grows with its rows, so drafts are kept where their expected accepted tokens buy the most per second.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+from .batch_plan import trim_drafts
+from .drafters.base import Drafter
+from .drafters.draft_model import common_prefix_len
+from .drafters.registry import build_drafter
+from .engine import Engine, GenerationResult, Request
+from .generation import Generation, StreamEvent
+from .models.transformer import Segment
+
+
+class Slot:
+    """One running request's place: its target cache, the tokens the cache holds and whose they are, and the
+    drafters that keep per-sequence state (the store of earlier requests is the engine's, shared)."""
+
+    def __init__(self, engine: Engine, index: int):
+        self.index = index
+        self.engine = engine
+        self.cache = engine.target.model.new_cache(engine.max_context)
+        self.cached_ids: list[int] = []
+        self.namespace: str | None = None  # whose tokens the cache holds: a prefix is reused for the same only
+        self._drafters: dict[str, Drafter] = {}
+        # what drafter builders read (drafters/registry.py)
+        self.draft, self.auto_draft_model = engine.draft, engine.auto_draft_model
+        self.suffix_store, self.max_context = engine.suffix_store, engine.max_context
+
+    def drafter(self, name: str | None) -> Drafter | None:
+        return build_drafter(self, self._drafters, name)
+
+    def forget(self) -> None:
+        self.cache.truncate(0)
+        self.cached_ids = []
+
+
+@dataclass(eq=False)
+class Ticket:
+    """A submitted request: its events so far are handed to `on_event`; `result` once it has finished."""
+
+    request: Request
+    on_event: Callable[["Ticket", StreamEvent], None] | None = None
+    generation: Generation | None = None
+    slot: Slot | None = None
+    pending: list[int] = field(default_factory=list)  # prompt tokens still to read into the cache
+    events: list[StreamEvent] = field(default_factory=list)
+    error: Exception | None = None
+    cancelled: bool = False
+    reused: int | None = None  # prompt tokens its cache already held (the same client's), once started
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or bool(self.events and self.events[-1].finished)
+
+    def result(self) -> GenerationResult:
+        if self.error is not None:
+            raise self.error
+        return collect_result(self.events, list(self.request.prompt_ids))
+
+
+def collect_result(events: list[StreamEvent], prompt_ids: list[int]) -> GenerationResult:
+    text, tokens, origins, sources = [], [], [], []
+    for event in events:
+        text.append(event.text)
+        tokens.extend(event.tokens)
+        origins.extend(event.origins)
+        sources.extend(event.sources)
+    stats = events[-1].stats
+    # A stop string found a step later can end the answer before a token already streamed.
+    del tokens[stats.generated_tokens :], origins[stats.generated_tokens :], sources[stats.generated_tokens :]
+    return GenerationResult("".join(text), tokens, origins, stats, prompt_ids, sources)
+
+
+class BatchEngine:
+    """Runs up to max_batch generations at once on one Engine's models (not thread-safe: one thread calls it).
+
+    prefill_rows: prompt rows a pass may read while other requests are decoding (bounds the pause a new
+    long prompt adds to the running streams); a request alone reads its prompt in the engine's usual chunks.
+    """
+
+    def __init__(self, engine: Engine, max_batch: int = 8, prefill_rows: int = 64):
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self.engine = engine
+        self.max_batch = max_batch
+        self.prefill_rows = max(1, prefill_rows)
+        self.slots: list[Slot] = []  # made on first use (each holds a whole context's cache)
+        self.waiting: deque[Ticket] = deque()
+        self.running: list[Ticket] = []
+        self.passes = 0
+        self.last_rows = self.last_batch = 0  # rows and requests of the latest pass (metrics)
+
+    # ------------------------------------------------------------------ the public face
+    def submit(self, prompt, on_event=None, **settings) -> Ticket:
+        """Queue a request (settings as Engine.request; InputError now if they are wrong)."""
+        ticket = Ticket(self.engine.request(prompt, **settings), on_event)
+        self.waiting.append(ticket)
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """End the request at the next pass (finish_reason "cancelled"), or drop it if it has not started."""
+        ticket.cancelled = True
+
+    def abandon(self) -> None:
+        """Drop every request (after a failed pass: their caches may hold half-written rows)."""
+        for ticket in self.running:
+            ticket.slot.forget()
+        self.running, self.waiting = [], deque()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def run(self) -> None:
+        """Step until every submitted request has finished."""
+        while self.busy:
+            self.step()
+
+    def generate_many(self, prompts: Iterable, **settings) -> list[GenerationResult]:
+        """Offline batch: every prompt with the same settings; results in the prompts' order."""
+        tickets = [self.submit(prompt, **settings) for prompt in prompts]
+        self.run()
+        return [ticket.result() for ticket in tickets]
+
+    def as_completed(self, prompts: Iterable, **settings) -> Iterator[tuple[int, GenerationResult]]:
+        """(index, result) of each prompt as it finishes."""
+        tickets = [self.submit(prompt, **settings) for prompt in prompts]
+        done: set[int] = set()
+        while len(done) < len(tickets):
+            self.step()
+            for index, ticket in enumerate(tickets):
+                if index not in done and ticket.finished:
+                    done.add(index)
+                    yield index, ticket.result()
+
+    # ------------------------------------------------------------------ one pass
+    def step(self) -> int:
+        """Admit what fits, then one target pass for every running request. Returns the pass's rows."""
+        self._admit()
+        decoding = [t for t in self.running if not t.pending]
+        for ticket in decoding:
+            self._plan(ticket)
+        planned = [t for t in decoding if not t.finished]
+        reads = self._prompt_chunks(planned)
+        if len(planned) > 1:  # alone, a request drafts exactly as Engine.stream would
+            trim_drafts([t.generation for t in planned], self.engine.tuner.costs, sum(len(c) for _, c in reads))
+        segments = [t.generation.segment() for t in planned]
+        segments += [Segment(chunk, ticket.slot.cache, "none") for ticket, chunk in reads]
+        if not segments:
+            self._retire()
+            return 0
+        starts = [seg.cache.length for seg in segments]
+        t0 = time.perf_counter()
+        logits = self.engine.target.model.forward_batch(segments)
+        seconds = time.perf_counter() - t0
+        rows = sum(seg.rows for seg in segments)
+        self.passes, self.last_rows, self.last_batch = self.passes + 1, rows, len(planned) + len(reads)
+        if not reads:
+            self.engine.tuner.costs.record_target(rows, seconds)
+        for ticket, out, start in zip(planned, logits, starts):
+            self._emit(ticket, ticket.generation.apply(out, start, seconds, solo=len(segments) == 1))
+        for ticket, chunk in reads:
+            ticket.generation.read(chunk)
+            if not ticket.pending:
+                self.engine.prefilled(ticket.generation)
+        self._retire()
+        return rows
+
+    def _prompt_chunks(self, decoding: list[Ticket]) -> list[tuple[Ticket, list[int]]]:
+        """Prompt tokens this pass reads, per request still reading its prompt: a bounded chunk beside running
+        streams (so a long prompt does not stall them), the engine's usual chunk when nothing else runs."""
+        budget = self.prefill_rows if decoding else self.engine.prefill_chunk
+        reads = []
+        for ticket in self.running:
+            if not ticket.pending or ticket.finished:
+                continue
+            if ticket.cancelled:
+                self._emit(ticket, ticket.generation.end_now("cancelled"))
+                continue
+            if budget > 0:
+                chunk, ticket.pending = ticket.pending[:budget], ticket.pending[budget:]
+                budget -= len(chunk)
+                reads.append((ticket, chunk))
+        return reads
+
+    def _plan(self, ticket: Ticket) -> None:
+        generation = ticket.generation
+        if ticket.cancelled:
+            return self._emit(ticket, generation.end_now("cancelled"))
+        if generation.plan() is None:
+            generation.draft = None
+            self._emit(ticket, generation.end_now("length"))
+
+    def _emit(self, ticket: Ticket, event: StreamEvent) -> None:
+        ticket.events.append(event)
+        if ticket.on_event is not None:
+            ticket.on_event(ticket, event)
+
+    def _retire(self) -> None:
+        for ticket in [t for t in self.running if t.finished]:
+            self.running.remove(ticket)
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_batch:
+            ticket = self.waiting.popleft()
+            if ticket.cancelled:
+                continue
+            try:
+                self._start(ticket)
+            except Exception as exc:  # this request fails; the others go on
+                ticket.error = exc
+                if ticket.on_event is not None:
+                    ticket.on_event(ticket, None)
+                continue
+            self.running.append(ticket)
+
+    def _free_slot(self, request: Request) -> Slot:
+        busy = {id(t.slot) for t in self.running}
+        free = [slot for slot in self.slots if id(slot) not in busy]
+        if len(self.slots) < self.max_batch:
+            free.append(self._new_slot())
+        # The cache that already holds the longest prefix of this prompt, from the same client only: a prefix
+        # another client left must cost the same as none, or its timing tells what that client sent.
+        def reuse(slot: Slot) -> int:
+            if slot.namespace is None or slot.namespace != request.namespace:
+                return 0
+            return common_prefix_len(slot.cached_ids, list(request.prompt_ids[:-1]))
+        return max(free, key=lambda slot: (reuse(slot), not slot.cached_ids))
+
+    def _new_slot(self) -> Slot:
+        slot = Slot(self.engine, len(self.slots))
+        self.slots.append(slot)
+        return slot
+
+    def _start(self, ticket: Ticket) -> None:
+        request = ticket.request
+        slot = self._free_slot(request)
+        if slot.namespace is None or slot.namespace != request.namespace:
+            slot.forget()
+        slot.namespace = request.namespace
+        name = request.drafter
+        drafter = name if isinstance(name, Drafter) or name is None else slot.drafter(name)
+        ticket.slot = slot
+        ticket.generation = self.engine.new_generation(request, slot, drafter)
+        ticket.pending = ticket.generation.reuse_prefix()
+        ticket.reused = len(request.prompt_ids) - 1 - len(ticket.pending)
+        if not ticket.pending:
+            self.engine.prefilled(ticket.generation)

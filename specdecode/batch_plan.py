@@ -1,0 +1,63 @@
+"""How much each request of a batched pass drafts: the whole pass's expected tokens per second.
+
+A pass costs what its rows cost together (measured: `CostModel.target_cost(rows)`), and every request in it
+gets at least one token. A draft token is worth its chance of being accepted along with every token before
+it in its chain (the drafter's calibrated confidence). Sorting every request's draft tokens by that chance,
+the pass keeps the prefix of that order that maximises (tokens expected) / (cost of the rows): few requests
+leave cheap rows to fill with long copies, a full batch keeps only the surest tokens, and where the rows the
+batch already has are all the pass can pay for, nobody drafts. Which tokens are verified never changes what
+is output (a rejected or unverified token is replaced by the target's own), only how fast.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+from .policy import CostModel, DraftStopRule
+
+
+def chain_acceptance(generation) -> list[float]:
+    """Per draft token of `generation.draft`: the predicted chance that it and every token before it are accepted."""
+    draft, tuning = generation.draft, generation.tuning
+    rule = tuning.stop_rule.for_source(draft.source or tuning.name) if tuning.stop_rule is not None else None
+    fallback = tuning.policy.acceptance.value  # drafters that give no confidence: the running acceptance rate
+    confidences = draft.confidences if len(draft.confidences) == len(draft.tokens) else [float("nan")] * len(draft.tokens)
+    chain, out = 1.0, []
+    for position, confidence in enumerate(confidences):
+        accept = rule.acceptance(confidence) if rule is not None and confidence == confidence else fallback
+        if position == 0 and isinstance(rule, DraftStopRule):
+            accept *= rule.first_token_factor()
+        chain *= min(1.0, max(0.0, accept))
+        out.append(chain)
+    return out
+
+
+def trimmable(generation) -> bool:
+    """Chains whose length the engine chooses (not a pinned K, not a token tree)."""
+    draft = generation.draft
+    return bool(draft.tokens) and not draft.is_tree and generation.tuning.fixed_k is None
+
+
+def trim_drafts(generations: list, costs: CostModel, other_rows: int = 0) -> None:
+    """Cut each generation's draft (in place) to the tokens that pay for their rows in this pass.
+
+    other_rows: rows the pass holds besides these generations' blocks (a prompt chunk being read)."""
+    base_rows = other_rows + sum(1 + (0 if trimmable(g) else len(g.draft.tokens)) for g in generations)
+    base_cost = costs.target_cost(base_rows)
+    if base_cost is None:
+        return  # nothing measured yet: every draft goes as its own stop rule chose
+    candidates = sorted((-chance, position, index)
+                        for index, g in enumerate(generations) if trimmable(g)
+                        for position, chance in enumerate(chain_acceptance(g)))
+    expected = float(len(generations))  # each request's own next token
+    best_count, best_rate = 0, expected / base_cost
+    for count, (neg_chance, _, _) in enumerate(candidates, start=1):
+        expected -= neg_chance
+        rate = expected / costs.target_cost(base_rows + count)
+        if rate > best_rate:
+            best_count, best_rate = count, rate
+    keep = Counter(index for _, _, index in candidates[:best_count])
+    for index, g in enumerate(generations):
+        if trimmable(g) and keep[index] < len(g.draft.tokens):
+            n = keep[index]
+            g.draft = replace(g.draft, tokens=g.draft.tokens[:n], confidences=g.draft.confidences[:n])

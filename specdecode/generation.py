@@ -1,0 +1,145 @@
+"""One request while it generates: its tokens, its cache, its drafter, its tuning, noise, stopper and statistics.
+
+The same object runs a request alone (`Engine.stream`: `step_alone` per step) and beside others in a batched
+pass (`batch.BatchEngine`: `plan`, then one target pass for every request, then `apply` with its rows'
+logits). Both paths draft, judge and learn through the same functions, so a request's tokens depend only on
+its own rows' logits, which the row-exact kernels make the same in any pass.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .drafters.base import Draft, Drafter
+from .drafters.draft_model import common_prefix_len
+from .sampling import SamplingParams
+from .stats import GenerationStats
+from . import step as steps
+from .step import StepResult, block_segment, finish_step, judge_block, propose
+from .text import Stopper, TextStep
+from .tuner import GenerationTuning
+
+
+@dataclass
+class StreamEvent:
+    text: str  # new text since the previous event
+    tokens: list[int]  # new tokens of this step (a stop string completed a step later can end the answer
+    # before the last of them: the final stats.generated_tokens is the answer's length)
+    origins: list[str]  # per token: accepted / recovered / bonus / plain (see step.py)
+    stats: GenerationStats
+    finished: bool = False
+    pieces: list[str] = field(default_factory=list)  # per token, its text
+    sources: list[str] = field(default_factory=list)  # per token: the source of an accepted draft token, else ""
+
+
+class Generation:
+    """slot: what holds this request's target cache (`cache`, `cached_ids`: the tokens it holds)."""
+
+    def __init__(self, slot, prompt_ids: list[int], drafter: Drafter | None, sampling: SamplingParams,
+                 stopper: Stopper, should_stop=None):
+        self.slot = slot
+        self.prompt_ids = prompt_ids
+        self.drafter = drafter
+        self.sampling = sampling
+        self.noise = sampling.noise()
+        self.stopper = stopper
+        self.should_stop = should_stop
+        self.stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
+        self.sequence = list(prompt_ids)  # every token the target has confirmed; its cache holds all but the last
+        self.tuning: GenerationTuning | None = None  # from the engine once the prompt is read
+        self.tuning_args: tuple = (None, Drafter.default_max_k, 0.0)  # fixed K, largest K, min confidence
+        self.unread = 0  # prompt tokens the draft model has yet to read
+        self.started = time.perf_counter()
+        self.draft = Draft()
+        self.draft_seconds = 0.0
+        self.finished = False
+
+    # ------------------------------------------------------------------ the prompt
+    def reuse_prefix(self) -> list[int]:
+        """Roll the slot's cache back to the prefix it shares with this prompt; returns the tokens still to read
+        (the prompt but its last token, which the first step feeds)."""
+        keep = common_prefix_len(self.slot.cached_ids, self.prompt_ids[:-1])
+        self.slot.cache.truncate(keep)
+        del self.slot.cached_ids[keep:]
+        return self.prompt_ids[keep:-1]
+
+    def read(self, chunk: list[int]) -> None:
+        """`chunk` was just written to the cache by a target pass."""
+        self.slot.cached_ids.extend(chunk)
+
+    # ------------------------------------------------------------------ a step
+    def plan(self) -> Draft | None:
+        """Choose K and draft; None when the context is full (the answer then ends: see end_now)."""
+        cache = self.slot.cache
+        room = cache.max_len - cache.length - 1  # positions left after the pending token
+        if room < 0:
+            return None
+        tuning, stopper = self.tuning, self.stopper
+        k = tuning.choose_k(stopper.budget, room, len(stopper.tokens))
+        if k > 0 and tuning.draft_needs_prompt:
+            self.stats.time_draft += self._read_prompt_into_draft()
+        t0 = time.perf_counter()
+        self.draft = propose(self.drafter, self.sequence, k, self.sampling, self.noise, tuning.stop_rule)
+        self.draft_seconds = time.perf_counter() - t0
+        return self.draft
+
+    def segment(self):
+        return block_segment(self.slot.cache, self.sequence, self.draft)
+
+    def apply(self, logits, start: int, verify_seconds: float, solo: bool) -> StreamEvent:
+        """The target's logits of this request's block (written to its cache at `start`): judge, roll back,
+        learn, and hand out the step's text. solo: the pass held this block only (its cost is the block's)."""
+        accepted, next_token = judge_block(logits, self.slot.cache, start, self.sequence, self.draft, self.sampling,
+                                           self.noise)
+        step = finish_step(self.drafter, self.sequence, accepted, next_token, self.draft, self.draft_seconds,
+                           verify_seconds)
+        return self._after(step, solo)
+
+    def step_alone(self, target) -> StreamEvent:
+        """One step in a pass of its own (plain single-request decoding and speculation)."""
+        if self.plan() is None:
+            return self.end_now("length")
+        t0 = time.perf_counter()
+        accepted, next_token = steps.verify_block(target, self.slot.cache, self.sequence, self.draft, self.sampling, self.noise)
+        step = finish_step(self.drafter, self.sequence, accepted, next_token, self.draft, self.draft_seconds,
+                           time.perf_counter() - t0)
+        return self._after(step, solo=True)
+
+    def _after(self, step: StepResult, solo: bool) -> StreamEvent:
+        self.slot.cached_ids += [self.sequence[-1]] + step.tokens[:-1]
+        self.sequence += step.tokens
+        self.tuning.observe(step, record_cost=solo)
+        self.stats.record_step(step)
+        # which source drafted the accepted tokens: lookup / store / draft for auto, else the drafter
+        sources = [step.draft.source or self.stats.drafter] * step.accepted + [""]
+        cancel = self.should_stop is not None and self.should_stop()
+        return self._event(self.stopper.push(step.tokens, step.origins, cancel=cancel, sources=sources))
+
+    def end_now(self, reason: str) -> StreamEvent:
+        """End the answer before another step (the context is full, or the request was cancelled)."""
+        return self._event(self.stopper.end(reason))
+
+    def _event(self, out: TextStep) -> StreamEvent:
+        stats = self.stats
+        stats.generated_tokens, stats.origins = len(self.stopper.tokens), Counter(self.stopper.origin_counts)
+        stats.time_total = time.perf_counter() - self.started
+        if out.finish is not None:
+            self._finish(out.finish)
+        return StreamEvent(out.text, out.tokens, out.origins, stats, out.finish is not None, out.pieces, out.sources)
+
+    def _finish(self, reason: str) -> None:
+        self.finished = True
+        self.stats.finish_reason = reason
+        if self.tuning is not None:
+            self.tuning.end(self.stats)
+        if self.drafter is not None:
+            self.drafter.end(self.sequence)
+
+    def _read_prompt_into_draft(self) -> float:
+        """The draft model's lazy prefill; its time counts in the total but not in the per-step costs."""
+        t0 = time.perf_counter()
+        self.drafter.prefill(self.prompt_ids)
+        seconds = time.perf_counter() - t0
+        self.tuning.observe_draft_prefill(seconds)
+        return seconds
