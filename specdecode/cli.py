@@ -221,8 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
                         " names only, against DNS rebinding)")
     s.add_argument("--cors-origin", action="append", default=None,
                    help="a browser origin (e.g. https://app.example) allowed to call the API; repeatable. Other origins get 403")
+    s.add_argument("--max-batch", type=int, default=8,
+                   help="requests generated at once, in one target pass (default 8); each gets the tokens it gets alone")
     s.add_argument("--queue-size", type=int, default=16,
-                   help="requests that may wait while one generates (default 16); beyond it 429 with Retry-After")
+                   help="requests that may wait for a place in the batch (default 16); beyond it 429 with Retry-After")
     s.add_argument("--suffix-store-tokens", type=int, default=262_144,
                    help="tokens of earlier requests the 'auto' and 'suffix' drafters keep to copy from, per engine"
                         " (default 262144); each client's requests are kept apart")

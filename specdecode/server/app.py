@@ -149,13 +149,15 @@ def _playground_html() -> str:
 
 def create_app(engine, default_drafter: str, model_name: str, api_key: str | None = None, queue_size: int = 16,
                *, default_max_tokens: int = 256, max_k: int | None = None, warmup: bool = False,
-               allowed_hosts: set[str] | None = None, cors_origins: list[str] = ()) -> FastAPI:
+               allowed_hosts: set[str] | None = None, cors_origins: list[str] = (), max_batch: int = 8) -> FastAPI:
     """The ASGI app around one engine. `default_drafter` is used when a request names none.
     allowed_hosts: the Host names it answers to (None: any); cors_origins: other origins browsers may call it from."""
     if queue_size < 1:
         raise InputError(f"the queue size must be at least 1, got {queue_size}")
+    if max_batch < 1:
+        raise InputError(f"the batch size must be at least 1, got {max_batch}")
     metrics = ServerMetrics(model_name)
-    scheduler = Scheduler(engine, default_drafter, queue_size, metrics, default_max_tokens, max_k)
+    scheduler = Scheduler(engine, default_drafter, queue_size, metrics, default_max_tokens, max_k, max_batch)
     app = create_http_app(LocalBackend(scheduler, warmup), model_name, metrics, api_key=api_key,
                           allowed_hosts=allowed_hosts, cors_origins=cors_origins)
     app.state.scheduler = scheduler
@@ -418,6 +420,8 @@ def run_server(args) -> int:
     With --replicas N > 1 the engines run as replicas on a Ray cluster (cluster.py); Ray is imported only then."""
     if args.queue_size < 1:
         raise InputError(f"--queue-size must be at least 1, got {args.queue_size}")
+    if getattr(args, "max_batch", 8) < 1:
+        raise InputError(f"--max-batch must be at least 1, got {args.max_batch}")
     if _wants_cluster(args):
         try:
             from .cluster import run_cluster_server
@@ -430,7 +434,7 @@ def run_server(args) -> int:
     model_name = served_model_name(args)
     allowed_hosts = exposure_options(args)
     app = create_app(engine, drafter, model_name, api_key=args.api_key, queue_size=args.queue_size, warmup=True,
-                     allowed_hosts=allowed_hosts, cors_origins=args.cors_origin or [])
+                     allowed_hosts=allowed_hosts, cors_origins=args.cors_origin or [], max_batch=args.max_batch)
     scheduler: Scheduler = app.state.scheduler
 
     grace = max(0.0, float(args.shutdown_grace))

@@ -42,6 +42,7 @@ class ClusterSettings:
     replicas: int = 2
     threads_per_replica: int = 1
     queue_size: int = 16
+    max_batch: int = 8
     api_key: str | None = None
     allowed_hosts: set[str] | None = None
     cors_origins: list[str] = field(default_factory=list)
@@ -58,8 +59,8 @@ def build_application(settings: ClusterSettings):
     engines = serve.deployment(
         EngineReplica, name="EngineReplica", num_replicas=settings.replicas,
         ray_actor_options={"num_cpus": settings.threads_per_replica},
-        # Ray sends a replica no more than its Scheduler holds (one running, queue_size waiting) ...
-        max_ongoing_requests=settings.queue_size + 1,
+        # Ray sends a replica no more than its Scheduler holds (max_batch running, queue_size waiting) ...
+        max_ongoing_requests=settings.queue_size + settings.max_batch,
         graceful_shutdown_timeout_s=settings.shutdown_grace_s,
         request_router_config=RequestRouterConfig(request_router_class=PrefixAffinityRouter,
                                                   request_router_kwargs=dict(settings.routing)),
@@ -87,7 +88,7 @@ def settings_from_args(args, model_name: str, allowed_hosts) -> ClusterSettings:
     options = {k: v for k, v in vars(args).items() if k in ENGINE_FLAGS}
     threads = args.threads_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
     return ClusterSettings(options, model_name, replicas=args.replicas, threads_per_replica=threads,
-                           queue_size=args.queue_size, api_key=args.api_key, allowed_hosts=allowed_hosts,
+                           queue_size=args.queue_size, max_batch=args.max_batch, api_key=args.api_key, allowed_hosts=allowed_hosts,
                            cors_origins=list(args.cors_origin or []), shutdown_grace_s=float(args.shutdown_grace))
 
 

@@ -123,7 +123,7 @@ class ClusterBackend:
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
         ready = sum(e["ready"] for e in (await self.replicas()).values())
-        capacity = max(1, ready) * (self.settings.queue_size + 1)
+        capacity = max(1, ready) * (self.settings.queue_size + self.settings.max_batch)
         if self.in_flight >= capacity:
             waiting = self.in_flight / max(1, ready)
             retry = max(1, min(120, math.ceil(waiting * self._service_time)))

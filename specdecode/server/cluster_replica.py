@@ -73,7 +73,8 @@ class EngineReplica:
         self.board = board
         engine, drafter = _load_engine({**settings.engine_options, "threads": settings.threads_per_replica})
         self.metrics = ServerMetrics(settings.model_name)
-        self.backend = LocalBackend(Scheduler(engine, drafter, settings.queue_size, self.metrics), warmup=True)
+        self.backend = LocalBackend(Scheduler(engine, drafter, settings.queue_size, self.metrics,
+                                                max_batch=settings.max_batch), warmup=True)
         await self.backend.start()  # measures the drafters' costs before Ray routes anything here
         self.reporter = asyncio.create_task(self._report_forever())
 

@@ -49,7 +49,11 @@ class ServerMetrics:
         self.prefix_reused_tokens = Counter("specdecode_prefix_reused_tokens",
                                             "Prompt tokens whose keys and values came from the engine's cache", registry=r)
         self.queue_depth = Gauge("specdecode_queue_depth", "Requests waiting for the engine", registry=r)
-        self.running = Gauge("specdecode_requests_running", "Requests being generated (0 or 1)", registry=r)
+        self.running = Gauge("specdecode_requests_running", "Requests being generated (the batch's size)", registry=r)
+        self.batch_size = Histogram("specdecode_batch_size", "Requests in each target pass",
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32), registry=r)
+        self.rows_per_pass = Histogram("specdecode_rows_per_pass", "Rows (tokens) in each target pass",
+                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024), registry=r)
         self.store_tokens = Gauge("specdecode_suffix_store_tokens",
                                   "Tokens of earlier requests the suffix drafter may copy from (all clients)", registry=r)
         self.store_max_tokens = Gauge("specdecode_suffix_store_max_tokens", "The store's cap (--suffix-store-tokens)",

@@ -1,10 +1,11 @@
 """One engine, many clients: a bounded fair queue and the single worker that owns the engine.
 
-The engine generates one sequence at a time and is not thread-safe, so every call into it runs on
-one dedicated thread, one decoding step per call; the event loop stays free between steps to
-accept, queue, stream and cancel requests. Clients take turns by `user` (or address): each user's
-requests run in arrival order, and users are served round-robin, so one client flooding the queue
-cannot starve another.
+The engine runs up to `max_batch` generations at once (batch.BatchEngine: one target pass for all of them,
+each request's tokens those it gets alone) and is not thread-safe, so every call into it runs on one
+dedicated thread, one pass per call; the event loop stays free between passes to accept, queue, stream
+and cancel requests. Requests join the batch between passes as slots free up. Clients take turns by
+`user` (or address): each user's requests run in arrival order, and users are served round-robin, so one
+client flooding the queue cannot starve another.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..drafters.draft_model import common_prefix_len
+from ..batch import BatchEngine, Ticket
 from ..drafters.registry import available_drafters
 from ..errors import InputError, SpecDecodeError
 from ..sampling import SamplingParams
@@ -39,6 +40,9 @@ class Job:
     state: str = "queued"  # queued | running | done
     cancel_reason: str | None = None
     prompt_ids: list[int] | None = None  # tokenized before queueing (Scheduler.tokenize); else on the engine thread
+    ticket: Ticket | None = None  # its place in the batch, once admitted
+    started: float = 0.0
+    last_token_at: float | None = None
     # Whose text this is: drafters that remember earlier requests (suffix) propose only within one namespace.
     namespace: str = ""
 
@@ -85,10 +89,14 @@ class FairQueue:
         return job
 
     async def get(self) -> Job:
+        await self.wait()
+        return self.get_nowait()
+
+    async def wait(self) -> None:
+        """Until a job is queued."""
         while not self._size:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
-        return self.get_nowait()
 
     def remove(self, job: Job) -> bool:
         lane = self._lanes.get(job.user_key)
@@ -125,15 +133,18 @@ class Step:
 
 class Scheduler:
     def __init__(self, engine, default_drafter: str, queue_size: int, metrics: ServerMetrics,
-                 default_max_tokens: int = 256, max_k: int | None = None):
+                 default_max_tokens: int = 256, max_k: int | None = None, max_batch: int = 8):
         self.engine = engine
+        self.batch = BatchEngine(engine, max_batch=max_batch)
+        self.max_batch = max_batch
         self.default_drafter = default_drafter
-        self.queue = FairQueue(queue_size)
+        self.queue_size = queue_size
+        self.queue = FairQueue(queue_size + max_batch)
         self.metrics = metrics
         self.default_max_tokens = default_max_tokens
         self.max_k = max_k
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdecode-engine")
-        self.running: Job | None = None
+        self.running: list[Job] = []
         self.shutting_down = False
         self._halt = False  # read by the engine thread between steps: stop whatever is running
         self.completed = 0
@@ -144,7 +155,11 @@ class Scheduler:
     def submit(self, job: Job) -> None:
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
+        # The batch's free places count as room too: a burst arriving between two passes waits for them here.
+        free = max(0, self.max_batch - len(self.running))
         try:
+            if len(self.queue) >= self.queue_size + free:
+                raise QueueFull
             self.queue.put_nowait(job)
         except QueueFull:
             raise ApiError(429, f"the server is busy: {len(self.queue)} requests are waiting; retry later",
@@ -162,12 +177,12 @@ class Scheduler:
             self.metrics.queue_depth.set(len(self.queue))
 
     def retry_after(self) -> int:
-        waiting = len(self.queue) + (self.running is not None)
-        return max(1, min(120, math.ceil(waiting * self._service_time)))
+        waiting = len(self.queue) + len(self.running)
+        return max(1, min(120, math.ceil(waiting * self._service_time / self.max_batch)))
 
     def status(self) -> dict:
-        return {"queue_depth": len(self.queue), "queue_size": self.queue.maxsize,
-                "running": int(self.running is not None), "completed": self.completed}
+        return {"queue_depth": len(self.queue), "queue_size": self.queue_size, "running": len(self.running),
+                "max_batch": self.max_batch, "completed": self.completed}
 
     # ------------------------------------------------------------------ lifecycle
     async def warmup(self) -> None:
@@ -181,6 +196,9 @@ class Scheduler:
                 # Drafters sharing a draft length and a model share their costs: time each set once.
                 if engine.tuner.needs_costs(drafter, None, engine.resolve_max_k(self.max_k, drafter)):
                     await loop.run_in_executor(self.executor, engine.measure_costs, self.max_k, drafter)
+                if self.max_batch > 1 and drafter is not None:  # what passes of several requests' rows cost
+                    rows = self.max_batch * (engine.resolve_max_k(self.max_k, drafter) + 1)
+                    await loop.run_in_executor(self.executor, engine.measure_batch_costs, rows)
             except Exception:  # a warm-up failure must not keep the server down; requests calibrate lazily
                 log.exception("warm-up calibration of %s failed", name)
 
@@ -196,15 +214,16 @@ class Scheduler:
             self.metrics.cancelled.labels("shutdown").inc()
             job.events.put_nowait(("error", ApiError(503, "the server is shutting down", code="shutting_down")))
         self.metrics.queue_depth.set(0)
-        if self.running is not None and self.running.cancel("shutdown"):
-            self.metrics.cancelled.labels("shutdown").inc()
+        for job in self.running:
+            if job.cancel("shutdown"):
+                self.metrics.cancelled.labels("shutdown").inc()
 
     def begin_drain(self) -> None:
         """Refuse new work (503 with Retry-After) but finish the running and queued requests."""
         self.shutting_down = True
 
     def idle(self) -> bool:
-        return self.running is None and len(self.queue) == 0
+        return not self.running and len(self.queue) == 0
 
     def begin_shutdown_threadsafe(self) -> None:
         """For signal handlers: flag at once (the running generation polls it), clean up on the loop."""
@@ -215,12 +234,64 @@ class Scheduler:
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         while True:
-            job = await self.queue.get()
-            self.metrics.queue_depth.set(len(self.queue))
+            if not self.running and not len(self.queue):
+                await self.queue.wait()
+            admitted = self._admissions()
+            if not self.running and not admitted:
+                continue
+            try:
+                messages = await self._loop.run_in_executor(self.executor, self._tick, admitted)
+            except Exception as exc:  # a bug or a device error in the pass: fail its requests, keep serving
+                log.exception("generation failed")
+                error = ApiError(500, f"generation failed: {type(exc).__name__}: {exc}", code="generation_failed")
+                messages = [(job, ("error", error)) for job in self.running + admitted]
+                self.batch.abandon()
+            for job, message in messages:
+                self._deliver(job, message)
+
+    def _admissions(self) -> list[Job]:
+        """Jobs that join the batch at the next pass: as many as it has free slots for, fairly across clients."""
+        jobs = []
+        while len(self.queue) and len(self.running) + len(jobs) < self.max_batch:
+            job = self.queue.get_nowait()
             if job.cancel_reason is not None:
                 job.state = "done"
                 continue
-            await self._run_job(job)
+            job.state, job.started = "running", time.perf_counter()
+            self.metrics.queue_wait.observe(job.started - job.arrived)
+            self.running.append(job)
+            jobs.append(job)
+        self.metrics.queue_depth.set(len(self.queue))
+        self.metrics.running.set(len(self.running))
+        return jobs
+
+    def _deliver(self, job: Job, message: tuple) -> None:
+        """Event-loop thread: hand a job its message; account for it when it is the last."""
+        kind = message[0]
+        if kind == "step":
+            step: Step = message[1]
+            now = time.perf_counter()
+            if step.tokens:
+                if job.last_token_at is None:
+                    self.metrics.ttft.observe(now - job.arrived)
+                else:
+                    per_token = (now - job.last_token_at) / len(step.tokens)
+                    for _ in step.tokens:
+                        self.metrics.token_latency.observe(per_token)
+                job.last_token_at = now
+            if step.finished:
+                self.metrics.record_generation(step.final_stats)
+                self.metrics.record_store(self.engine.suffix_store)
+                self.metrics.request_duration.observe(now - job.arrived)
+                self._service_time = 0.8 * self._service_time + 0.2 * (now - job.started)
+        if kind == "error" or (kind == "step" and message[1].finished):
+            self._finish(job, message)
+            if job in self.running:
+                self.running.remove(job)
+                self.completed += 1
+            self.metrics.running.set(len(self.running))
+        else:
+            job.events.put_nowait(message)
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -248,8 +319,9 @@ class Scheduler:
         except InputError as exc:
             raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code="invalid_prompt") from None
 
-    def _begin(self, job: Job):
-        """Engine thread: check the limits, start the stream (the engine validates eagerly)."""
+    def _begin(self, job: Job) -> int:
+        """Engine thread: check the limits and queue the request in the batch (the engine validates eagerly).
+        Returns the prompt's length."""
         request, engine = job.request, self.engine
         prompt_ids = job.prompt_ids if job.prompt_ids is not None else self._encode(request)
         if not prompt_ids:
@@ -267,22 +339,51 @@ class Scheduler:
                            f" {len(prompt_ids) + max_tokens} ({len(prompt_ids)} in the prompt, {max_tokens} to"
                            " generate); lower max_tokens or shorten the prompt",
                            param="max_tokens", code="context_length_exceeded")
-        # What the engine's prefill will reuse (it reads its cache lazily, on the first step).
-        self.metrics.record_prefix_reuse(common_prefix_len(getattr(engine, "cached_ids", []), prompt_ids[:-1]))
         sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
         drafter = request.drafter or self.default_drafter
-        stream = engine.stream(
+        job.ticket = self.batch.submit(
             prompt_ids, drafter=drafter, k=request.k, sampling=sampling, max_new_tokens=max_tokens,
             stop=request.stop, max_k=self.max_k, should_stop=self._should_stop(job), namespace=job.namespace,
         )
-        return prompt_ids, stream
+        return len(prompt_ids)
+
+    def _tick(self, admitted: list[Job]) -> list[tuple[Job, tuple]]:
+        """Engine thread: queue the admitted jobs in the batch, run one pass; every job's messages since."""
+        messages = []
+        for job in admitted:
+            try:
+                messages.append((job, ("start", self._begin(job))))
+            except ApiError as exc:
+                messages.append((job, ("error", exc)))
+            except SpecDecodeError as exc:  # InputError / ModelError: the engine's message is for the user
+                messages.append((job, ("error", ApiError(400, str(exc), code="invalid_request"))))
+        for job in self.running:
+            if job.ticket is not None and (job.cancel_reason is not None or self._halt):
+                self.batch.cancel(job.ticket)
+        seen = {id(job.ticket): len(job.ticket.events) for job in self.running if job.ticket is not None}
+        if self.batch.busy:
+            self.batch.step()
+            self.metrics.batch_size.observe(self.batch.last_batch)
+            self.metrics.rows_per_pass.observe(self.batch.last_rows)
+        for job in self.running:
+            ticket = job.ticket
+            if ticket is None:
+                continue
+            if job in admitted and ticket.reused is not None:  # within this client's own earlier text only
+                self.metrics.record_prefix_reuse(ticket.reused)
+            if ticket.error is not None:
+                exc = ticket.error
+                error = exc if isinstance(exc, ApiError) else ApiError(
+                    400 if isinstance(exc, SpecDecodeError) else 500, str(exc),
+                    code="invalid_request" if isinstance(exc, SpecDecodeError) else "generation_failed")
+                messages.append((job, ("error", error)))
+                continue
+            for event in ticket.events[seen.get(id(ticket), 0):]:
+                messages.append((job, ("step", self._as_step(event))))
+        return messages
 
     @staticmethod
-    def _step(stream) -> Step | None:
-        """Engine thread: one decoding step."""
-        event = next(stream, None)
-        if event is None:
-            return None
+    def _as_step(event) -> Step:
         stats = event.stats
         # "cancelled" is the engine's word; the only client that can still read it is one whose generation
         # the server cut at shutdown, for which OpenAI's vocabulary says "length".
@@ -294,57 +395,3 @@ class Scheduler:
         """Hand the job its last event; from here on a disconnect of its client cancels nothing."""
         job.state = "done"
         job.events.put_nowait(event)
-
-    async def _run_job(self, job: Job) -> None:
-        loop = asyncio.get_running_loop()
-        job.state = "running"
-        self.running = job
-        self.metrics.running.set(1)
-        started = time.perf_counter()
-        self.metrics.queue_wait.observe(started - job.arrived)
-        stream = None
-        try:
-            try:
-                prompt_ids, stream = await loop.run_in_executor(self.executor, self._begin, job)
-            except ApiError as exc:
-                return self._finish(job, ("error", exc))
-            except SpecDecodeError as exc:  # InputError / ModelError: the engine's message is for the user
-                return self._finish(job, ("error", ApiError(400, str(exc), code="invalid_request")))
-            job.events.put_nowait(("start", len(prompt_ids)))
-            last = None
-            while True:
-                step = await loop.run_in_executor(self.executor, self._step, stream)
-                if step is None:
-                    break
-                now = time.perf_counter()
-                if step.tokens:
-                    if last is None:
-                        self.metrics.ttft.observe(now - job.arrived)
-                    else:
-                        per_token = (now - last) / len(step.tokens)
-                        for _ in step.tokens:
-                            self.metrics.token_latency.observe(per_token)
-                    last = now
-                if step.finished:
-                    self.metrics.record_generation(step.final_stats)
-                    self.metrics.record_store(self.engine.suffix_store)
-                    self.metrics.request_duration.observe(now - job.arrived)
-                    self._service_time = 0.8 * self._service_time + 0.2 * (now - started)
-                    return self._finish(job, ("step", step))
-                job.events.put_nowait(("step", step))
-            return self._finish(job, ("error", ApiError(500, "the generation ended without a final step",
-                                                        code="generation_failed")))
-        except Exception as exc:  # a bug or a device error: fail this request, keep serving
-            log.exception("generation failed")
-            self._finish(job, ("error", ApiError(500, f"generation failed: {type(exc).__name__}: {exc}",
-                                                 code="generation_failed")))
-        finally:
-            if stream is not None:
-                try:
-                    stream.close()
-                except ValueError:  # still running on the engine thread (the loop is being torn down)
-                    pass
-            job.state = "done"
-            self.running = None
-            self.completed += 1
-            self.metrics.running.set(0)

@@ -109,12 +109,13 @@ API_KEY = "test-key-123"
 
 @pytest.fixture(scope="package")
 def small_server(models):
-    """A second server over the same target weights: no draft model, an API key and a queue of one."""
+    """A second server over the same target weights: no draft model, an API key, one generation at a time and
+    a queue of one."""
     from specdecode.engine import Engine
     from specdecode.server.app import create_app
 
     engine = Engine(models[0], None, max_context=CONTEXT)
-    app = create_app(engine, "lookup", MODEL, api_key=API_KEY, queue_size=1)
+    app = create_app(engine, "lookup", MODEL, api_key=API_KEY, queue_size=1, max_batch=1)
     server = start_server(app, engine)
     yield server
     server.stop()

@@ -191,3 +191,39 @@ def test_a_continued_prompt_counts_as_a_prefix_hit(client, live_server):
     assert counter("specdecode_prefix_reused_tokens_total") - reused >= 40
     client.completions.create(model=MODEL, prompt="A different start altogether, " + story, max_tokens=2, **GREEDY)
     assert counter("specdecode_prefix_hits_total") == hits + 1
+
+
+def test_concurrent_clients_share_passes_and_each_gets_its_solo_answer(client, reference, live_server):
+    """Eight clients at once through the openai SDK (chat, mixed drafters, greedy and seeded): the server runs
+    them in one batch (its /metrics shows passes of several requests) and each answer equals plain decoding of
+    that request alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specdecode.sampling import SamplingParams
+
+    prompts = [f"Write a short poem about the number {n}." for n in range(4)] + \
+              [f"def add_{n}(a, b):\n    # add a and b, then {n}" for n in range(4)]
+    drafters = ["auto", "lookup", "none", "draft"]
+
+    def ask(index: int):
+        seeded = index % 2 == 1
+        return client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": prompts[index]}], max_tokens=24,
+            temperature=0.7 if seeded else 0, seed=index if seeded else None, user=f"client-{index}",
+            extra_body={"speculative": {"drafter": drafters[index % 4]}})
+
+    before = httpx.get(live_server.base_url + "/metrics").text
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(8)))
+    for index, answer in enumerate(answers):
+        sampling = SamplingParams(temperature=0.7, seed=index) if index % 2 else SamplingParams()
+        expected = reference([{"role": "user", "content": prompts[index]}], 24, sampling=sampling)
+        assert answer.choices[0].message.content == expected.text, index
+    metrics = httpx.get(live_server.base_url + "/metrics").text
+
+    def shared_passes(text: str) -> float:  # passes that held two requests or more
+        count = lambda le: float(next(line.split()[-1] for line in text.splitlines()  # noqa: E731
+                                      if line.startswith(f'specdecode_batch_size_bucket{{le="{le}"}}')))
+        return count("+Inf") - count("1.0")
+
+    assert shared_passes(metrics) > shared_passes(before)

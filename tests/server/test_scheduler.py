@@ -2,20 +2,16 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from types import SimpleNamespace
 
 import pytest
 
 from specdecode.errors import InputError
 
 from specdecode.drafters.suffix_store import SuffixStore
-from specdecode.engine import StreamEvent
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.protocol import ApiError, GenerationRequest
 from specdecode.server.scheduler import FairQueue, Job, QueueFull, Scheduler
 from specdecode.text import IncrementalDetokenizer
-from specdecode.stats import GenerationStats
 
 
 def _job(user: str, tag: int) -> Job:
@@ -69,64 +65,31 @@ def test_incremental_detokenizer_keeps_multibyte_characters_whole():
     assert pieces == ["a", "", "é", "", "", "€", "b"]
 
 
-class FakeEngine:
-    """Byte-level 'model' with a tiny context; each step emits one byte of the prompt, slowly."""
+def tiny_engine(max_context=32):
+    """A real engine on a tiny random model (token-id prompts): the worker's limits, batching and cancels."""
+    from specdecode.engine import Engine
+    from testlib import as_loaded, make_tiny_model
 
-    def __init__(self, max_context=32, step_seconds=0.0):
-        self.max_context = max_context
-        self.step_seconds = step_seconds
-        self.target = SimpleNamespace(vocab_size=256)
-        self.draft = None
-        self.tokenizer = FakeTokenizer()
-        self.suffix_store = SuffixStore(64)  # the worker reports its size after each generation
-        self.calls = []
-
-    def encode_prompt(self, prompt, chat=None):
-        # Like the real engine: token ids outside the vocabulary are refused before generation.
-        if isinstance(prompt, list):
-            if any(not 0 <= t < self.target.vocab_size for t in prompt):
-                raise InputError("token ids must be in 0..255")
-            return list(prompt)
-        return list(prompt.encode())
-
-    def stream(self, prompt_ids, *, max_new_tokens, should_stop, **kwargs):
-        self.calls.append({"max_new_tokens": max_new_tokens, **kwargs})
-
-        def steps():
-            stats = GenerationStats(drafter="none", prompt_tokens=len(prompt_ids))
-            for index in range(max_new_tokens):
-                time.sleep(self.step_seconds)
-                token = prompt_ids[index % len(prompt_ids)]
-                stats.generated_tokens = index + 1
-                stats.target_passes = index + 1
-                last = index + 1 == max_new_tokens
-                if not last and should_stop():
-                    stats.finish_reason = "cancelled"
-                    yield StreamEvent(chr(token), [token], ["plain"], stats, finished=True, pieces=[chr(token)])
-                    return
-                if last:
-                    stats.finish_reason = "length"
-                yield StreamEvent(chr(token), [token], ["plain"], stats, finished=last, pieces=[chr(token)])
-
-        return steps()
+    return Engine(as_loaded(make_tiny_model(seed=3)), max_context=max_context)
 
 
-def request(prompt="abc", max_tokens=None) -> GenerationRequest:
+def request(prompt=(1, 2, 3), max_tokens=None) -> GenerationRequest:
+    prompt = list(prompt) if not isinstance(prompt, str) else prompt
     return GenerationRequest(kind="completion", model="fake", prompt=prompt, max_tokens=max_tokens, temperature=0)
 
 
 async def drain(job: Job) -> list:
     events = []
     while True:
-        kind, payload = await asyncio.wait_for(job.events.get(), 10)
+        kind, payload = await asyncio.wait_for(job.events.get(), 30)
         events.append((kind, payload))
         if kind == "error" or (kind == "step" and payload.finished):
             return events
 
 
-def run_jobs(engine, *requests_, queue_size=4, before=None):
+def run_jobs(engine, *requests_, queue_size=4, before=None, max_batch=8):
     async def scenario():
-        scheduler = Scheduler(engine, "none", queue_size, ServerMetrics("fake"), default_max_tokens=8)
+        scheduler = Scheduler(engine, "none", queue_size, ServerMetrics("fake"), default_max_tokens=8, max_batch=max_batch)
         worker = asyncio.create_task(scheduler.run())
         jobs = [Job(r, user_key="u") for r in requests_]
         for job in jobs:
@@ -141,62 +104,76 @@ def run_jobs(engine, *requests_, queue_size=4, before=None):
     return asyncio.run(scenario())
 
 
+def last_step(events):
+    return [payload for kind, payload in events if kind == "step"][-1]
+
+
 def test_default_max_tokens_is_capped_by_the_context():
-    engine = FakeEngine(max_context=32)
-    (short,), (long,) = [[e for e in r if e[0] == "step"][-1:] for r in run_jobs(engine, request("abc"), request("x" * 29))]
-    assert [c["max_new_tokens"] for c in engine.calls] == [8, 3]  # the default, then the room left
-    assert short[1].finish_reason == long[1].finish_reason == "length"
-    assert long[1].stats["generated_tokens"] == 3
+    short, long = run_jobs(tiny_engine(max_context=32), request([1, 2, 3]), request([5] * 29))
+    assert last_step(short).stats["generated_tokens"] == 8  # the default
+    assert last_step(long).stats["generated_tokens"] == 3  # the room left
+    assert last_step(short).finish_reason == last_step(long).finish_reason == "length"
 
 
 @pytest.mark.parametrize("prompt, max_tokens, param, code", [
-    ("x" * 32, None, "prompt", "context_length_exceeded"),
-    ("x" * 20, 13, "max_tokens", "context_length_exceeded"),
+    ([5] * 32, None, "prompt", "context_length_exceeded"),
+    ([5] * 20, 13, "max_tokens", "context_length_exceeded"),
     ([5, 300], 2, "prompt", "invalid_prompt"),  # a token id outside the vocabulary
     ("", 2, "prompt", "empty_prompt"),
 ])
 def test_limits_are_checked_before_generation(prompt, max_tokens, param, code):
-    engine = FakeEngine(max_context=32)
+    engine = tiny_engine(max_context=32)
     (events,) = run_jobs(engine, request(prompt, max_tokens))
     kind, error = events[0]
     assert kind == "error" and isinstance(error, ApiError)
     assert (error.status, error.param, error.code) == (400, param, code)
-    assert engine.calls == []
+
+
+def test_requests_run_together_and_each_gets_its_solo_tokens():
+    """Four jobs admitted at once share passes; each equals the engine's own plain run of it."""
+    engine = tiny_engine(max_context=128)
+    prompts = [[3 + i, 40 + i, 7, 90 - i] for i in range(4)]
+    solo = [engine.generate(p, drafter="none", max_new_tokens=20).token_ids for p in prompts]
+    results = run_jobs(engine, *[request(p, 20) for p in prompts])
+    for expected, events in zip(solo, results):
+        assert [t for kind, step in events if kind == "step" for t in step.tokens][:20] == expected
 
 
 def test_cancel_stops_the_running_job_and_drops_a_queued_one():
-    engine = FakeEngine(max_context=64, step_seconds=0.02)
+    engine = tiny_engine(max_context=256)
 
     async def cancel_both(scheduler, jobs):
-        await asyncio.sleep(0.1)
-        scheduler.cancel(jobs[1], "client_disconnected")  # still queued: leaves the queue at once
+        kind, step = await asyncio.wait_for(jobs[0].events.get(), 30)  # "start": the first job is running
+        jobs[0].events.put_nowait((kind, step))
+        scheduler.cancel(jobs[1], "client_disconnected")  # still queued (a batch of one): leaves the queue at once
         assert len(scheduler.queue) == 0 and jobs[1].state == "done"
         scheduler.cancel(jobs[0], "client_disconnected")
         jobs[1].events.put_nowait(("error", ApiError(499, "gone")))  # its handler would have returned already
 
-    first, second = run_jobs(engine, request("abc", 40), request("abc", 40), before=cancel_both)
-    assert first[-1][1].finish_reason == "length" and first[-1][1].stats["generated_tokens"] < 40
-    assert second == [("error", second[0][1])] and len(engine.calls) == 1
+    first, second = run_jobs(engine, request([1, 2, 3], 200), request([1, 2, 3], 200), before=cancel_both, max_batch=1)
+    assert last_step(first).finish_reason == "length" and last_step(first).stats["generated_tokens"] < 200
+    assert second == [("error", second[0][1])]
 
 
 def test_shutdown_fails_queued_jobs_and_cancels_the_running_one():
-    engine = FakeEngine(max_context=64, step_seconds=0.02)
+    engine = tiny_engine(max_context=256)
 
     async def shut_down(scheduler, jobs):
-        await asyncio.sleep(0.1)
+        kind, step = await asyncio.wait_for(jobs[0].events.get(), 30)
+        jobs[0].events.put_nowait((kind, step))
         scheduler.begin_shutdown()
         with pytest.raises(ApiError) as refused:
             scheduler.submit(Job(request(), user_key="late"))
         assert refused.value.status == 503
 
-    running, queued = run_jobs(engine, request("abc", 40), request("abc", 40), before=shut_down)
-    assert running[-1][1].finish_reason == "length"  # OpenAI's word for a cut generation
+    running, queued = run_jobs(engine, request([1, 2, 3], 200), request([1, 2, 3], 200), before=shut_down, max_batch=1)
+    assert last_step(running).finish_reason == "length"  # OpenAI's word for a cut generation
     assert queued[0][0] == "error" and queued[0][1].status == 503
 
 
 def test_queue_full_is_a_429_with_retry_after():
     async def scenario():
-        scheduler = Scheduler(FakeEngine(), "none", 1, ServerMetrics("fake"))
+        scheduler = Scheduler(tiny_engine(), "none", 1, ServerMetrics("fake"))
         scheduler.submit(Job(request(), user_key="a"))
         with pytest.raises(ApiError) as err:
             scheduler.submit(Job(request(), user_key="b"))
