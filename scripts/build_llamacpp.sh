@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's own tools (llama-bench, llama-speculative-simple, llama-completion) from the llama.cpp
-# vendored in the llama-cpp-python sdist, for `specdecode bench --peers`.
+# Builds llama.cpp's own tools (llama-bench, llama-speculative-simple, llama-completion, llama-server) from
+# the llama.cpp vendored in the llama-cpp-python sdist, for `specdecode bench --peers` and for serving
+# benchmarks against llama-server (several slots, -np).
 #
 # Usage: scripts/build_llamacpp.sh [BIN_DIR]
 #   BIN_DIR          where the binaries go (default: $LLAMACPP_BIN, else ${SPECDECODE_CACHE:-~/.cache/specdecode}/llama.cpp/bin)
@@ -13,12 +14,15 @@
 # VNNI, VBMI) where the CPU has all of them, which makes llama.cpp's decoding faster there: a peer is
 # measured at its best. Idempotent: does nothing when all binaries are in BIN_DIR, built with the same
 # flags (BIN_DIR/.flags). Sources and the build tree live next to BIN_DIR (never in the repository).
+# llama-server is built without its web UI (LLAMA_BUILD_UI=OFF: no npm build; LLAMA_USE_PREBUILT_UI=OFF:
+# no download from Hugging Face at build time): the HTTP API works, `/` has no page. It needs neither curl
+# nor OpenSSL (OpenSSL, if found, only adds HTTPS support).
 set -euo pipefail
 
 VERSION=${LLAMACPP_PY_VERSION:-0.3.36}
 BIN=${1:-${LLAMACPP_BIN:-${SPECDECODE_CACHE:-$HOME/.cache/specdecode}/llama.cpp/bin}}
 JOBS=${LLAMACPP_JOBS:-2}
-TARGETS=(llama-bench llama-speculative-simple llama-completion)
+TARGETS=(llama-bench llama-speculative-simple llama-completion llama-server)
 
 ISA_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
@@ -82,7 +86,8 @@ start=$(date +%s)
 nice -n 19 "$CMAKE" -S "$SRC" -B "$BUILD" ${GEN[@]+"${GEN[@]}"} \
   -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+  -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   $FLAGS
 nice -n 19 "$CMAKE" --build "$BUILD" --config Release -j "$JOBS" --target "${TARGETS[@]}"
 for t in "${TARGETS[@]}"; do

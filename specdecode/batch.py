@@ -173,8 +173,12 @@ class BatchEngine:
         self.passes, self.last_rows, self.last_batch = self.passes + 1, rows, len(planned) + len(reads)
         if not reads:
             self.engine.tuner.costs.record_target(rows, seconds)
-        for ticket, out, start in zip(planned, logits, starts):
-            self._emit(ticket, ticket.generation.apply(out, start, seconds, solo=len(segments) == 1))
+        solo = len(segments) == 1
+        for ticket, seg, out, start in zip(planned, segments, logits, starts):
+            # Each request's share of the pass, by its rows: what its verify time is taken to be (its tuning
+            # judges drafting by it; the pass's cost by its total rows is recorded above).
+            share = seconds if solo else seconds * seg.rows / rows
+            self._emit(ticket, ticket.generation.apply(out, start, share, solo=solo))
         for ticket, chunk in reads:
             ticket.generation.read(chunk)
             if not ticket.pending:

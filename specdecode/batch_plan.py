@@ -51,9 +51,12 @@ def trim_drafts(generations: list, costs: CostModel, other_rows: int = 0) -> Non
                         for position, chance in enumerate(chain_acceptance(g)))
     expected = float(len(generations))  # each request's own next token
     best_count, best_rate = 0, expected / base_cost
+    cost = base_cost
     for count, (neg_chance, _, _) in enumerate(candidates, start=1):
         expected -= neg_chance
-        rate = expected / costs.target_cost(base_rows + count)
+        # A pass with more rows never costs less (timings of neighbouring sizes can say otherwise by noise).
+        cost = max(cost, costs.target_cost(base_rows + count))
+        rate = expected / cost
         if rate > best_rate:
             best_count, best_rate = count, rate
     keep = Counter(index for _, _, index in candidates[:best_count])

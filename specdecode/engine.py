@@ -322,7 +322,7 @@ class Engine:
             draft_pass()
             self.tuner.costs.draft[model.name] = fastest(draft_pass)
 
-    def measure_batch_costs(self, max_rows: int, repeats: int = 2) -> None:
+    def measure_batch_costs(self, max_rows: int, repeats: int = 3) -> None:
         """Time target passes of up to max_rows rows (a batch of several requests' blocks), where the cost model
         lacks them: the batch planner weighs each draft token against what its row adds to the pass."""
         sizes = [size for size in (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if size <= max_rows] + [max_rows]
