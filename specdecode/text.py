@@ -81,10 +81,13 @@ class Stopper:
             self.origins.append(origin)
             self.sources.append(source)
             self.origin_counts[origin] += 1
+            # Token by token, as plain decoding checks: the stop string that completes first ends the answer,
+            # whatever else a step's later tokens would complete (["\nUser:", "User"] stops at "User").
+            if self._cut_at_stop_string(self.starts[-1]):
+                break
             if len(self.tokens) >= self.max_new_tokens:
                 self.finish = "length"
                 break
-        self._cut_at_stop_string()
         if self.finish is None and cancel:
             self.finish = "cancelled"
         pieces = [self.text[start:end] for start, end in zip(self.starts[first:], self.starts[first + 1 :] + [len(self.text)])]
@@ -96,10 +99,12 @@ class Stopper:
         self.finish = self.finish or reason
         return TextStep(self._release(), [], [], [], self.finish)
 
-    def _cut_at_stop_string(self) -> None:
-        found = [pos for s in self.stops if (pos := self.text.find(s, max(0, self.shown - len(s)))) >= 0]
+    def _cut_at_stop_string(self, new_from: int) -> bool:
+        """End the answer before a stop string that the text from new_from on completes (none ended earlier:
+        the text is checked after each token). Of several, the one that starts first."""
+        found = [pos for s in self.stops if (pos := self.text.find(s, max(0, new_from - len(s) + 1))) >= 0]
         if not found:
-            return
+            return False
         self.text = self.text[: min(found)]
         self.finish = "stop"
         # The answer ends where the stop string starts: tokens whose text starts at or after it are not output.
@@ -107,6 +112,7 @@ class Stopper:
         self.origin_counts.subtract(self.origins[keep:])
         self.origin_counts = +self.origin_counts  # drop kinds whose count fell to 0
         del self.tokens[keep:], self.origins[keep:], self.sources[keep:], self.starts[keep:]
+        return True
 
     def _release(self) -> str:
         end = len(self.text) if self.finish is not None else max(self.shown, len(self.text) - self.held_back)
