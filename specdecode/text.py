@@ -33,6 +33,14 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return full[len(prefix) :]
 
+    def flush(self) -> str:
+        """At the end of the answer: the text still held back, an unfinished character as U+FFFD (as a
+        decode of all the tokens gives it)."""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return full[len(prefix) :]
+
 
 @dataclass
 class TextStep:
@@ -90,6 +98,8 @@ class Stopper:
                 break
         if self.finish is None and cancel:
             self.finish = "cancelled"
+        if self.finish is not None:
+            self._flush()
         pieces = [self.text[start:end] for start, end in zip(self.starts[first:], self.starts[first + 1 :] + [len(self.text)])]
         return TextStep(self._release(), self.tokens[first:], self.origins[first:], pieces, self.finish,
                         self.sources[first:])
@@ -97,7 +107,15 @@ class Stopper:
     def end(self, reason: str) -> TextStep:
         """End the answer where it stands (the context is full): hand out what was held back."""
         self.finish = self.finish or reason
+        self._flush()
         return TextStep(self._release(), [], [], [], self.finish)
+
+    def _flush(self) -> None:
+        """The answer is over: the bytes of an unfinished character join the text, as a decode of its tokens."""
+        new_from = len(self.text)
+        self.text += self.detokenizer.flush()
+        if len(self.text) > new_from:
+            self._cut_at_stop_string(new_from)
 
     def _cut_at_stop_string(self, new_from: int) -> bool:
         """End the answer before a stop string that the text from new_from on completes (none ended earlier:

@@ -138,3 +138,27 @@ def test_random_stop_lists_give_the_same_answer_one_token_or_many_per_step():
         plain = run_in_steps(tokenizer, tokens, stops, 1, budget)
         for per_step in (2, 5, len(tokens)):
             assert run_in_steps(tokenizer, tokens, stops, per_step, budget) == plain, (tokens, stops, per_step)
+
+
+def test_an_unfinished_character_at_the_end_of_the_answer_is_flushed_as_a_decode_gives_it():
+    """A token that ends inside a multi-byte character has its text held back until the character completes;
+    when the answer ends first, its bytes must still come out (U+FFFD, as decoding the tokens gives them)."""
+    tokenizer = ByteTokenizer()
+    unfinished = list(b"a") + list("€".encode())[:2]  # 'a' and two of the euro sign's three bytes
+    assert tokenizer.decode(unfinished) == "a\ufffd"
+
+    budget = Stopper(tokenizer, 3)  # the budget ends the answer on the unfinished character
+    step = budget.push(unfinished, ["plain"] * 3)
+    assert (step.text, step.finish, budget.text) == ("a\ufffd", "length", "a\ufffd")
+    assert "".join(step.pieces) == step.text and step.pieces[-1] == "\ufffd"
+
+    eos = Stopper(tokenizer, 100)  # EOS in the next step
+    assert push_text(eos, "xy").text == "xy" and eos.push(unfinished, ["plain"] * 3).text == "a"
+    assert eos.push([0], ["plain"]).text == "\ufffd" and eos.text == tokenizer.decode(eos.tokens) == "xya\ufffd"
+
+    cancelled = Stopper(tokenizer, 100)
+    assert cancelled.push(unfinished, ["plain"] * 3, cancel=True).text == "a\ufffd"
+
+    context_full = Stopper(tokenizer, 100)
+    assert context_full.push(unfinished, ["plain"] * 3).text == "a"
+    assert context_full.end("length").text == "\ufffd" and context_full.text == "a\ufffd"
