@@ -133,7 +133,7 @@ class Engine:
     def resolve_max_k(max_k: int | None, drafter: Drafter | None) -> int:
         """The caller's largest K, or the drafter's own default (prompt lookup copies longer runs)."""
         if max_k is not None:
-            if not isinstance(max_k, int) or not 1 <= max_k <= MAX_K:
+            if not isinstance(max_k, int) or isinstance(max_k, bool) or not 1 <= max_k <= MAX_K:
                 raise InputError(f"max_k must be an integer in 1..{MAX_K}, got {max_k!r}")
             return max_k
         return drafter.default_max_k if drafter is not None else Drafter.default_max_k
@@ -194,7 +194,7 @@ class Engine:
         sampling = sampling or SamplingParams()
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if k != "auto" and (not isinstance(k, int) or k < 0 or k > MAX_K):
+        if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or k < 0 or k > MAX_K):  # True is no K
             raise InputError(f"k must be 'auto' or an integer in 0..{MAX_K}, got {k!r}")
         prompt_ids = self.encode_prompt(prompt, chat)
         self.last_prompt_ids = prompt_ids

@@ -75,13 +75,13 @@ def test_unknown_drafter_name(engine):
         engine.generate(PROMPT, drafter="medusa", max_new_tokens=3)
 
 
-@pytest.mark.parametrize("k", [-1, 65, "fast", 2.5, None])
+@pytest.mark.parametrize("k", [-1, 65, "fast", 2.5, None, True, False])
 def test_invalid_k(engine, k):
     with pytest.raises(InputError):
         engine.generate(PROMPT, drafter="draft", k=k, max_new_tokens=3)
 
 
-@pytest.mark.parametrize("max_k", [0, -1, 65, 200, 2.5, "8"])
+@pytest.mark.parametrize("max_k", [0, -1, 65, 200, 2.5, "8", True])
 def test_invalid_max_k(engine, max_k):
     with pytest.raises(InputError, match="max_k"):
         engine.generate(PROMPT, drafter="draft", max_k=max_k, max_new_tokens=3)
