@@ -44,7 +44,7 @@ def _add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None
 def _add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", default="auto", help="draft length per step, or 'auto' (chosen from measured costs)")
     p.add_argument("--max-k", type=int, default=None,
-                   help="largest K the auto policy may pick (default: 8 for a draft model, 15 for prompt lookup)")
+                   help="largest K the auto policy may pick, 1..64 (default: 8 for a draft model, 15 for prompt lookup)")
     p.add_argument("--min-confidence", type=float, default=None,
                    help="stop drafting when the draft's top probability falls below this (greedy only)")
     p.add_argument("--temperature", type=float, default=0.0)

@@ -60,6 +60,8 @@ class GenerationResult:
 
 # Tokens of the draft model's frequent-vocabulary head (drafters/vocab.py).
 DRAFT_VOCAB = 32768
+# The largest draft length a caller may ask for, pinned (k) or as the adaptive policy's ceiling (max_k).
+MAX_K = 64
 
 
 class Engine:
@@ -123,8 +125,8 @@ class Engine:
     def resolve_max_k(max_k: int | None, drafter: Drafter | None) -> int:
         """The caller's largest K, or the drafter's own default (prompt lookup copies longer runs)."""
         if max_k is not None:
-            if not isinstance(max_k, int) or max_k < 1:
-                raise InputError(f"max_k must be an integer >= 1, got {max_k!r}")
+            if not isinstance(max_k, int) or isinstance(max_k, bool) or not 1 <= max_k <= MAX_K:
+                raise InputError(f"max_k must be an integer in 1..{MAX_K}, got {max_k!r}")
             return max_k
         return drafter.default_max_k if drafter is not None else Drafter.default_max_k
 
@@ -188,8 +190,8 @@ class Engine:
         sampling = sampling or SamplingParams()
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        if k != "auto" and (not isinstance(k, int) or k < 0 or k > 64):
-            raise InputError(f"k must be 'auto' or an integer in 0..64, got {k!r}")
+        if k != "auto" and (not isinstance(k, int) or isinstance(k, bool) or k < 0 or k > MAX_K):  # True is no K
+            raise InputError(f"k must be 'auto' or an integer in 0..{MAX_K}, got {k!r}")
         prompt_ids = self.encode_prompt(prompt, chat)
         self.last_prompt_ids = prompt_ids
         if not prompt_ids:
@@ -201,6 +203,12 @@ class Engine:
         if drafter_obj is not None and drafter_obj.greedy_only and not sampling.greedy:
             raise InputError(f"drafter '{drafter_obj.name}' supports greedy decoding only; use a chain drafter for sampling")
         fixed_k = None if k == "auto" else int(k)
+        # A verify block holds 1 + K * tokens_per_depth rows (a tree adds a runner-up beside each node); other
+        # than the int8 target's, blocks past FLOAT32_CHUNKED_MAX_ROWS go through a GEMM that is not row-exact.
+        if drafter_obj is not None and not (isinstance(self.target.model, Transformer) and self.target.model.int8):
+            exact_k = max(1, (kernels.FLOAT32_CHUNKED_MAX_ROWS - 1) // drafter_obj.tokens_per_depth)
+            max_k = min(max_k, exact_k)
+            fixed_k = None if fixed_k is None else min(fixed_k, exact_k)
         return Request(tuple(prompt_ids), drafter if isinstance(drafter, Drafter) else (drafter_obj and drafter_obj.name),
                        fixed_k, max_k, sampling, max_new_tokens, tuple(stop or ()), min_confidence, namespace, should_stop)
 

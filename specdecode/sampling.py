@@ -11,6 +11,9 @@ import torch
 from .errors import InputError
 
 
+MAX_SEED = 2**63 - 1  # seeds are 0..2**63 - 1, as the server's API takes them
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
@@ -25,8 +28,9 @@ class SamplingParams:
             raise InputError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or math.isnan(self.top_p) or not 0 < self.top_p <= 1:
             raise InputError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise InputError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed <= MAX_SEED):
+            raise InputError(f"seed must be an integer in 0..{MAX_SEED}, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -71,9 +75,12 @@ class PositionNoise:
     """
 
     _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+    _SEED_SALT = np.uint64(0x6A09E667F3BCC909)  # sqrt(2)'s fraction: keys seed 0 away from the all-zero word
 
     def __init__(self, seed: int):
-        self.seed = np.uint64(seed % 2**64)
+        self.seed = seed
+        with np.errstate(over="ignore"):
+            self._key = self._mix(np.uint64(seed % 2**64) ^ self._SEED_SALT)
 
     @staticmethod
     def _mix(z: np.ndarray) -> np.ndarray:
@@ -82,10 +89,21 @@ class PositionNoise:
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return z ^ (z >> np.uint64(31))
 
+    def _position_key(self, position: int) -> np.uint64:
+        """The key of one position's draws: a keyed hash of (seed, position), key = seed, counter = position.
+
+        The key enters before and after the mixing (a Davies-Meyer feed-forward), so no arithmetic relation
+        between seeds (a difference, a multiple of a constant) moves one seed's draws onto another's at
+        other positions, as a key linear in seed and position (seed + c * position) did.
+        """
+        with np.errstate(over="ignore"):  # 64-bit words: products and sums wrap around
+            counter = self._mix(np.uint64(position) * self._GOLDEN + self._GOLDEN)
+            return self._mix(self._mix(self._key ^ counter) + self._key)
+
     def exponentials(self, position: int, token_ids: np.ndarray) -> np.ndarray:
         """E(position, i) for each token id: independent Exp(1) draws, the same on every call."""
         with np.errstate(over="ignore"):
-            key = self._mix(np.array([self.seed + self._GOLDEN * np.uint64(position + 1)], dtype=np.uint64))
+            key = self._position_key(position)
             bits = self._mix(key ^ self._mix(token_ids.astype(np.uint64) * self._GOLDEN + np.uint64(1)))
         uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
         return -np.log(uniform)

@@ -33,6 +33,14 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return full[len(prefix) :]
 
+    def flush(self) -> str:
+        """At the end of the answer: the text still held back, an unfinished character as U+FFFD (as a
+        decode of all the tokens gives it)."""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return full[len(prefix) :]
+
 
 @dataclass
 class TextStep:
@@ -81,12 +89,17 @@ class Stopper:
             self.origins.append(origin)
             self.sources.append(source)
             self.origin_counts[origin] += 1
+            # Token by token, as plain decoding checks: the stop string that completes first ends the answer,
+            # whatever else a step's later tokens would complete (["\nUser:", "User"] stops at "User").
+            if self._cut_at_stop_string(self.starts[-1]):
+                break
             if len(self.tokens) >= self.max_new_tokens:
                 self.finish = "length"
                 break
-        self._cut_at_stop_string()
         if self.finish is None and cancel:
             self.finish = "cancelled"
+        if self.finish is not None:
+            self._flush()
         pieces = [self.text[start:end] for start, end in zip(self.starts[first:], self.starts[first + 1 :] + [len(self.text)])]
         return TextStep(self._release(), self.tokens[first:], self.origins[first:], pieces, self.finish,
                         self.sources[first:])
@@ -94,12 +107,22 @@ class Stopper:
     def end(self, reason: str) -> TextStep:
         """End the answer where it stands (the context is full): hand out what was held back."""
         self.finish = self.finish or reason
+        self._flush()
         return TextStep(self._release(), [], [], [], self.finish)
 
-    def _cut_at_stop_string(self) -> None:
-        found = [pos for s in self.stops if (pos := self.text.find(s, max(0, self.shown - len(s)))) >= 0]
+    def _flush(self) -> None:
+        """The answer is over: the bytes of an unfinished character join the text, as a decode of its tokens."""
+        new_from = len(self.text)
+        self.text += self.detokenizer.flush()
+        if len(self.text) > new_from:
+            self._cut_at_stop_string(new_from)
+
+    def _cut_at_stop_string(self, new_from: int) -> bool:
+        """End the answer before a stop string that the text from new_from on completes (none ended earlier:
+        the text is checked after each token). Of several, the one that starts first."""
+        found = [pos for s in self.stops if (pos := self.text.find(s, max(0, new_from - len(s) + 1))) >= 0]
         if not found:
-            return
+            return False
         self.text = self.text[: min(found)]
         self.finish = "stop"
         # The answer ends where the stop string starts: tokens whose text starts at or after it are not output.
@@ -107,6 +130,7 @@ class Stopper:
         self.origin_counts.subtract(self.origins[keep:])
         self.origin_counts = +self.origin_counts  # drop kinds whose count fell to 0
         del self.tokens[keep:], self.origins[keep:], self.sources[keep:], self.starts[keep:]
+        return True
 
     def _release(self) -> str:
         end = len(self.text) if self.finish is not None else max(self.shown, len(self.text) - self.held_back)

@@ -124,6 +124,8 @@ def test_truncated_gguf(tmp_path):
         (["--top-p", "0"], "top_p"),
         (["--k", "many"], "--k"),
         (["--max-new-tokens", "0"], "max_new_tokens"),
+        (["--temperature", "1", "--seed", "-1"], "seed"),
+        (["--temperature", "1", "--seed", str(2**63)], "seed"),
     ],
 )
 def test_invalid_decoding_values(flags, fragment):

@@ -75,10 +75,55 @@ def test_unknown_drafter_name(engine):
         engine.generate(PROMPT, drafter="medusa", max_new_tokens=3)
 
 
-@pytest.mark.parametrize("k", [-1, 65, "fast", 2.5, None])
+@pytest.mark.parametrize("k", [-1, 65, "fast", 2.5, None, True, False])
 def test_invalid_k(engine, k):
     with pytest.raises(InputError):
         engine.generate(PROMPT, drafter="draft", k=k, max_new_tokens=3)
+
+
+@pytest.mark.parametrize("max_k", [0, -1, 65, 200, 2.5, "8", True])
+def test_invalid_max_k(engine, max_k):
+    with pytest.raises(InputError, match="max_k"):
+        engine.generate(PROMPT, drafter="draft", max_k=max_k, max_new_tokens=3)
+
+
+def verify_block_rows(target_model, engine, **kwargs):
+    """The row counts of the target passes of one generation (prompt and verify blocks)."""
+    rows = []
+    hook = target_model.register_forward_pre_hook(lambda module, args: rows.append(int(args[0].shape[0])))
+    try:
+        engine.generate(PROMPT, max_new_tokens=80, **kwargs)
+    finally:
+        hook.remove()
+    return rows
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+@pytest.mark.parametrize("k", [64, "auto"])
+def test_a_verify_block_never_exceeds_the_rows_the_target_computes_exactly(pair, precision, k):
+    """A tree with a runner-up at every depth verifies 1 + 2K rows: at K 64, 129, past the 128 rows a float32
+    target computes row-exactly (a larger block goes to a GEMM). The float32 target drafts at most 63 deep
+    then; the int8 target is row-exact at any size and keeps K 64."""
+    from specdecode import kernels
+    from specdecode.drafters.draft_model import TreeDrafter
+    from specdecode.models.loader import _to_quant_weights
+    from testlib import perturbed_copy
+
+    target, draft = pair
+    target = perturbed_copy(target, noise=0.0, seed=0, max_positions=512)
+    if precision == "int8":
+        _to_quant_weights(target)
+    engine = Engine(as_loaded(target, name="target"), as_loaded(draft, name="draft"), max_context=512)
+    tree = TreeDrafter(engine.draft.model, engine.max_context, branch_min_prob=0.0)  # a runner-up at every depth
+    for block in range(1, 2 * 64 + 2):  # every block costs a plain step and drafting is free: auto drafts max_k
+        engine.tuner.costs.set_measured(block, 1e-3)
+    for name in ("tree", "draft"):
+        engine.tuner.costs.record_draft(name, 0.0)
+    rows = verify_block_rows(target, engine, drafter=tree, k=k, max_k=64)
+    exact = kernels.FLOAT32_CHUNKED_MAX_ROWS
+    assert max(rows) == (exact - 1 if precision == "float32" else 1 + 2 * 64), rows
+    chain_rows = verify_block_rows(target, engine, drafter="draft", k=k, max_k=64)
+    assert max(chain_rows) <= 1 + 64
 
 
 @pytest.mark.parametrize("max_new_tokens", [0, -3, 2.5, "8"])

@@ -1,12 +1,13 @@
 """Sampling parameters, logit processing (temperature, top-k, top-p) and seeded sampling."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from specdecode.engine import Engine
 from specdecode.errors import InputError
-from specdecode.sampling import SamplingParams, probabilities
+from specdecode.sampling import PositionNoise, SamplingParams, probabilities
 from testlib import as_loaded, make_tiny_model
 
 
@@ -28,6 +29,9 @@ from testlib import as_loaded, make_tiny_model
         dict(seed="42"),
         dict(seed=True),
         dict(seed=1.0),
+        dict(seed=-1),
+        dict(seed=2**63),
+        dict(seed=2**64 + 5),
     ],
 )
 def test_invalid_sampling_values_raise_input_error(kwargs):
@@ -37,7 +41,8 @@ def test_invalid_sampling_values_raise_input_error(kwargs):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(), dict(temperature=0.7, top_k=40, top_p=0.95, seed=0), dict(temperature=2, top_p=1), dict(top_p=1e-6), dict(top_k=0)],
+    [dict(), dict(temperature=0.7, top_k=40, top_p=0.95, seed=0), dict(temperature=2, top_p=1), dict(top_p=1e-6), dict(top_k=0),
+     dict(temperature=1, seed=2**63 - 1)],
 )
 def test_valid_sampling_values(kwargs):
     params = SamplingParams(**kwargs)
@@ -127,6 +132,37 @@ def test_choose_is_reproducible_for_a_seed_and_position():
     noise = SamplingParams(temperature=1, seed=7).noise()
     assert len({noise.choose(probs, position) for position in range(30)}) > 1  # positions draw independently
     assert SamplingParams(temperature=1).noise().seed != SamplingParams(temperature=1).noise().seed  # no seed: fresh
+
+
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def test_related_seeds_do_not_share_draws_at_other_positions():
+    """Seeds that differ by a multiple of the golden constant once shared their noise shifted by whole
+    positions (seed + c * position was the key): seed 2c mod 2**64 drew seed 0's values two positions later."""
+    shifted = 2 * GOLDEN % 2**64
+    assert shifted == 4354685564936845354
+    ids = np.arange(512)
+    for position in range(4):
+        assert not np.array_equal(PositionNoise(shifted).exponentials(position, ids),
+                                  PositionNoise(0).exponentials(position + 2, ids))
+    # No value repeats across a family of related seeds (multiples of the constant, neighbours, single bits)
+    # and positions; independent 53-bit draws collide by chance with probability ~1e-9 here.
+    seeds = {m * GOLDEN % 2**64 for m in range(8)} | {1, 2, 3, 2**62, 2**32, 12345, 12346}
+    seeds = sorted(seed for seed in seeds if seed < 2**63)
+    draws = np.concatenate([PositionNoise(seed).exponentials(position, ids) for seed in seeds for position in range(10)])
+    assert np.unique(draws).size == draws.size
+
+
+def test_noise_is_exponential_and_independent_across_positions_and_seeds():
+    ids = np.arange(20_000)
+    first, next_position, next_seed = (PositionNoise(seed).exponentials(position, ids)
+                                       for seed, position in ((5, 100), (5, 101), (6, 100)))
+    for draws in (first, next_position, next_seed):
+        assert abs(draws.mean() - 1) < 0.03 and abs(draws.var() - 1) < 0.08  # Exp(1): mean 1, variance 1
+        assert abs((draws > 1).mean() - math.exp(-1)) < 0.015
+    for other in (next_position, next_seed):
+        assert abs(np.corrcoef(first, other)[0, 1]) < 0.03
 
 
 def test_choose_never_draws_a_zero_probability_token():

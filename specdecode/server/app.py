@@ -289,6 +289,9 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             sources.extend(step.sources)
             if step.finished:
                 break
+        # A stop string completed a step later can withdraw tokens already handed on: keep the answer's own.
+        answer = step.stats["generated_tokens"]
+        del tokens[answer:], origins[answer:], sources[answer:]
         response_id, obj = ids(gen.kind)
         text = "".join(text)
         if gen.kind == "chat":

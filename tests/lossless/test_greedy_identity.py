@@ -317,6 +317,26 @@ def test_stop_string_inside_an_accepted_run(kind, stop_tokens):
         assert stats.tau == 1.0  # every plain pass produced one token, whether output or cut
 
 
+@pytest.mark.parametrize("kind", ["strong", "oracle", "tree", "lookup"])
+def test_nested_stop_strings_end_the_answer_where_plain_decoding_does(kind):
+    """Stops [text of tokens s..s+2, text of token s+1]: plain decoding meets the short one first (it
+    completes a token earlier) and stops after token s, though the long one starts earlier. A step that
+    accepts all three tokens at once must stop at the same place."""
+    target, strong, _ = models("llama")
+    expected = reference("llama", tuple(PROMPT), NEW_TOKENS)
+    # token s+1 seen for the first time, tokens s..s+2 inside one oracle step of K 8 (9 tokens a step)
+    s = next(i for i in range(4, len(expected) - 3) if expected[i + 1] not in expected[: i + 1] and i % 9 <= 6)
+    engine = make_engine(target, strong)
+    decode = engine.tokenizer.decode
+    stops = [decode(expected[s : s + 3]), decode(expected[s + 1 : s + 2])]
+    plain = engine.generate(PROMPT, drafter="none", max_new_tokens=NEW_TOKENS, stop=stops)
+    assert plain.text == decode(expected[: s + 1]) and plain.token_ids == expected[: s + 1]
+    result = engine.generate(PROMPT, drafter=drafter_for(kind, engine, PROMPT, expected), k=8,
+                             max_new_tokens=NEW_TOKENS, stop=stops)
+    assert (result.text, result.token_ids, result.finish_reason) == (plain.text, plain.token_ids, "stop")
+    assert result.stats.generated_tokens == s + 1 == sum(result.stats.origins.values())
+
+
 @pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "oracle", "tree", "auto", "none"])
 @pytest.mark.parametrize("k", [1, 8, "auto"])
 @pytest.mark.parametrize("prompt_len", [44, 47])

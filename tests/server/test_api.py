@@ -121,6 +121,26 @@ def test_stop_strings(client, reference):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_the_response_holds_only_the_answers_tokens_when_a_stop_string_withdraws_one(client, reference, reference_engine):
+    """A stop string that starts in one step's token and completes in the next withdraws the token already
+    handed on: the non-streaming response's tokens, origins and sources are the answer's, as its usage."""
+    plain = reference(CODE_PROMPT, 14, chat=False)
+    decode = reference_engine.tokenizer.decode
+    ids = plain.token_ids
+    # a stop string of two tokens' text, first met where the first of them starts: plain decoding streams
+    # that token a step before the second completes the stop string
+    j = next(j for j in range(2, len(ids) - 1) if plain.text.find(decode(ids[j : j + 2])) == len(decode(ids[:j])))
+    stop = decode(ids[j : j + 2])
+    expected = reference(CODE_PROMPT, 14, chat=False, stop=[stop])
+    assert expected.token_ids == ids[:j] and expected.text == decode(ids[:j])
+    response = client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=14, stop=[stop],
+                                         extra_body={"speculative": {"drafter": "none"}}, **GREEDY)
+    extension = response.model_extra["specdecode"]
+    assert response.choices[0].text == expected.text and response.choices[0].finish_reason == "stop"
+    assert extension["tokens"] == expected.token_ids
+    assert len(extension["origins"]) == len(extension["sources"]) == j == response.usage.completion_tokens
+
+
 def test_seeded_sampling_is_reproducible(client):
     def sample(seed, drafter="draft"):
         return client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0,
