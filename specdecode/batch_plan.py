@@ -16,19 +16,51 @@ from dataclasses import replace
 from .policy import CostModel, DraftStopRule
 
 
+class AcceptanceRecord:
+    """How one request's drafts fare in the batch against what the calibration predicted for them.
+
+    The calibration pools every request; where a request's drafts fail far more often than predicted (an
+    answer that paraphrases rather than copies), its predictions are scaled down by its own recent record,
+    so its failing drafts stop taking rows from the others. Never above 1: doing better than predicted says
+    little about the weak tokens."""
+
+    DECAY = 0.9  # per judged step
+    PRIOR = 1.0  # tokens' worth of the prior that the calibration is right
+
+    def __init__(self):
+        self.predicted = 0.0
+        self.accepted = 0.0
+        self.pending: list[float] = []  # the per-token predictions of the draft now being verified
+
+    def factor(self) -> float:
+        return min(1.0, (self.accepted + self.PRIOR) / (self.predicted + self.PRIOR))
+
+    def judged(self, accepted: int) -> None:
+        """The target judged the draft: tokens up to the first rejection were tested."""
+        tested = self.pending[: accepted + 1]
+        if tested:
+            self.predicted = self.DECAY * self.predicted + sum(tested)
+            self.accepted = self.DECAY * self.accepted + min(accepted, len(tested))
+        self.pending = []
+
+
 def chain_acceptance(generation) -> list[float]:
     """Per draft token of `generation.draft`: the predicted chance that it and every token before it are accepted."""
     draft, tuning = generation.draft, generation.tuning
     rule = tuning.stop_rule.for_source(draft.source or tuning.name) if tuning.stop_rule is not None else None
     fallback = tuning.policy.acceptance.value  # drafters that give no confidence: the running acceptance rate
     confidences = draft.confidences if len(draft.confidences) == len(draft.tokens) else [float("nan")] * len(draft.tokens)
-    chain, out = 1.0, []
+    record = generation.acceptance_record
+    chain, out, each = 1.0, [], []
     for position, confidence in enumerate(confidences):
         accept = rule.acceptance(confidence) if rule is not None and confidence == confidence else fallback
         if position == 0 and isinstance(rule, DraftStopRule):
             accept *= rule.first_token_factor()
-        chain *= min(1.0, max(0.0, accept))
+        accept = min(1.0, max(0.0, accept * record.factor()))
+        each.append(accept)
+        chain *= accept
         out.append(chain)
+    record.pending = each
     return out
 
 

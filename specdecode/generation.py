@@ -16,6 +16,7 @@ from .drafters.draft_model import common_prefix_len
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from . import step as steps
+from .batch_plan import AcceptanceRecord
 from .step import StepResult, block_segment, finish_step, judge_block, propose
 from .text import Stopper, TextStep
 from .tuner import GenerationTuning
@@ -50,6 +51,7 @@ class Generation:
         self.tuning: GenerationTuning | None = None  # from the engine once the prompt is read
         self.tuning_args: tuple = (None, Drafter.default_max_k, 0.0)  # fixed K, largest K, min confidence
         self.unread = 0  # prompt tokens the draft model has yet to read
+        self.acceptance_record = AcceptanceRecord()  # its drafts' record in batched passes (batch_plan.py)
         self.started = time.perf_counter()
         self.draft = Draft()
         self.draft_seconds = 0.0
@@ -94,6 +96,7 @@ class Generation:
                                            self.noise)
         step = finish_step(self.drafter, self.sequence, accepted, next_token, self.draft, self.draft_seconds,
                            verify_seconds)
+        self.acceptance_record.judged(len(accepted))
         return self._after(step, solo)
 
     def step_alone(self, target) -> StreamEvent:
