@@ -21,6 +21,7 @@ class EngineOptions:
     ctx: int = 4096
     threads: int | None = None
     suffix_store_tokens: int = 262_144  # earlier requests' tokens the suffix drafter may copy from
+    allow_inexact: bool = False  # run where blocks are not row-exact (no CPU kernel): output may differ from plain
 
     @classmethod
     def from_args(cls, args) -> "EngineOptions":
@@ -89,9 +90,10 @@ def build_engine(options, need_draft: bool = True, with_draft_model: bool = Fals
         # A draft model loaded only for other drafters leaves auto as the default runs it: a benchmark's
         # auto column is then what a user of the default gets.
         return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens,
-                      auto_draft_model=auto_spec is not None), drafter
+                      auto_draft_model=auto_spec is not None, allow_inexact=options.allow_inexact), drafter
     draft = _load_draft(drafter, options, target)  # a draft model by name or path
-    return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens), "draft"
+    return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens,
+                  allow_inexact=options.allow_inexact), "draft"
 
 
 def _load_draft(spec: str, options: EngineOptions, target):

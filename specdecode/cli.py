@@ -39,6 +39,9 @@ def _add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--ctx", type=int, default=4096, help="context length to allocate (tokens)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--allow-inexact", action="store_true",
+                   help="run even where the CPU kernel is unavailable: blocks then round differently from single"
+                        " steps, and speculative output may differ from plain decoding at near-ties")
 
 
 def _add_decoding_args(p: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ step's tokens into text and decides whether the answer is over; the caller gets 
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -77,7 +78,20 @@ class Engine:
         draft_vocab: int | None = DRAFT_VOCAB,
         suffix_store_tokens: int = 262_144,
         auto_draft_model: bool = True,
+        allow_inexact: bool = False,
     ):
+        # Where rows of a block are not computed as the row alone, a verify block can round differently from
+        # the decode step it stands for, and at a near-tie speculation then picks another token than plain
+        # decoding. A CPU that should have the kernel but lacks it is refused unless the caller accepts that;
+        # CUDA and the transformers adapter run, but say so in every generation's statistics.
+        self.inexact = inexact_reason(target.model)
+        if self.inexact is not None and not allow_inexact and getattr(target.model, "device", None) is not None \
+                and target.model.device.type == "cpu" and isinstance(target.model, Transformer):
+            raise ModelError(f"{self.inexact}, so speculative output could differ from plain decoding; fix that"
+                             " (a C++ compiler and an AVX2 CPU build the kernel) or pass --allow-inexact")
+        if self.inexact is not None:
+            print(f"specdecode: greedy speculative output is not guaranteed to equal plain decoding here: {self.inexact}",
+                  file=sys.stderr)
         self.target = target
         self.draft = draft
         # Whether the default drafter (auto) may draft with `draft`: not where the draft model was loaded
@@ -218,6 +232,10 @@ class Engine:
         drafter begins, and the adaptive K gets its costs if it lacks them."""
         stopper = Stopper(self.tokenizer, request.max_new_tokens, request.stop)
         generation = Generation(slot, list(request.prompt_ids), drafter, request.sampling, stopper, request.should_stop)
+        if self.inexact is not None:
+            generation.stats.exact = False
+            generation.stats.notes.append(f"not row-exact ({self.inexact}): speculative output may differ from plain"
+                                          " decoding at near-ties")
         self.start_generation(generation, request.fixed_k, request.max_k, request.min_confidence, request.namespace)
         return generation
 
@@ -352,6 +370,17 @@ class Engine:
                 self.target.model(tokens, scratch, logits="all").argmax(-1).tolist()
                 times.append(time.perf_counter() - t0)
             self.tuner.costs.set_measured(size, min(times))
+
+
+def inexact_reason(model) -> str | None:
+    """None where every row of a block is computed exactly as the row alone (the native CPU kernels); else why not."""
+    if not isinstance(model, Transformer):
+        return "the transformers adapter computes blocks with PyTorch's batched kernels"
+    if model.device.type != "cpu":
+        return f"on {model.device.type}, batched matmuls and attention round differently from single rows"
+    if kernels.load_kernel() is None:
+        return f"the native CPU kernel is unavailable ({kernels.kernel_status()})"
+    return None
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

@@ -48,6 +48,8 @@ class GenerationStats:
     draft_step_cost: float | None = None  # one draft-model pass over one token
     verify_cost_by_block: dict[int, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # False where the target's blocks are not row-exact (Engine.inexact): greedy identity is then not guaranteed.
+    exact: bool = True
     finish_reason: str = ""
 
     def record_step(self, step) -> None:
@@ -137,6 +139,7 @@ class GenerationStats:
             "accepted_by_source": dict(self.accepted_by_source),
             "predicted_speedup": self.predicted(),
             "notes": list(self.notes),
+            "exact": self.exact,
             "finish_reason": self.finish_reason,
         }
 
