@@ -124,8 +124,18 @@ class JobStreamingResponse(StreamingResponse):
             self.ticket.cancel("client_disconnected")  # no-op when the generation finished
 
 
-def _usage(stats: dict) -> dict:
-    return {
+# Figures a client could read other clients' activity from: how long its prefill took (whether a prefix was already
+# cached), what the passes it shared cost, whether it paid for a calibration. Out of responses unless --expose-timings.
+TIMING_STATS = frozenset({"tokens_per_s", "time", "predicted_speedup", "notes"})
+
+
+def client_stats(stats: dict, expose_timings: bool) -> dict:
+    """A generation's statistics as a client may see them."""
+    return dict(stats) if expose_timings else {k: v for k, v in stats.items() if k not in TIMING_STATS}
+
+
+def _usage(stats: dict, expose_timings: bool = False) -> dict:
+    usage = {
         "prompt_tokens": stats["prompt_tokens"],
         "completion_tokens": stats["generated_tokens"],
         "total_tokens": stats["prompt_tokens"] + stats["generated_tokens"],
@@ -135,8 +145,10 @@ def _usage(stats: dict) -> dict:
         "alpha": stats["alpha"],
         "tau": stats["tau"],
         "target_passes": stats["target_passes"],
-        "tokens_per_s": stats["tokens_per_s"],
     }
+    if expose_timings:
+        usage["tokens_per_s"] = stats["tokens_per_s"]
+    return usage
 
 
 def _sse(payload) -> str:
@@ -149,9 +161,12 @@ def _playground_html() -> str:
 
 def create_app(engine, default_drafter: str, model_name: str, api_key: str | None = None, queue_size: int = 16,
                *, default_max_tokens: int = 256, max_k: int | None = None, warmup: bool = False,
-               allowed_hosts: set[str] | None = None, cors_origins: list[str] = (), max_batch: int = 8) -> FastAPI:
+               allowed_hosts: set[str] | None = None, cors_origins: list[str] = (), max_batch: int = 8,
+               metrics_key: str | None = None, expose_timings: bool = False) -> FastAPI:
     """The ASGI app around one engine. `default_drafter` is used when a request names none.
-    allowed_hosts: the Host names it answers to (None: any); cors_origins: other origins browsers may call it from."""
+    allowed_hosts: the Host names it answers to (None: any); cors_origins: other origins browsers may call it from;
+    metrics_key: the key /metrics asks for (None: the API key); expose_timings: put each request's timings in its
+    response (`stats.time`, `tokens_per_s`, ...), which tell a client how busy the server was and what was cached."""
     if queue_size < 1:
         raise InputError(f"the queue size must be at least 1, got {queue_size}")
     if max_batch < 1:
@@ -159,14 +174,16 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
     metrics = ServerMetrics(model_name)
     scheduler = Scheduler(engine, default_drafter, queue_size, metrics, default_max_tokens, max_k, max_batch)
     app = create_http_app(LocalBackend(scheduler, warmup), model_name, metrics, api_key=api_key,
-                          allowed_hosts=allowed_hosts, cors_origins=cors_origins)
+                          allowed_hosts=allowed_hosts, cors_origins=cors_origins, metrics_key=metrics_key,
+                          expose_timings=expose_timings)
     app.state.scheduler = scheduler
     app.state.engine = engine
     return app
 
 
 def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key: str | None = None,
-                    allowed_hosts: set[str] | None = None, cors_origins: list[str] = ()) -> FastAPI:
+                    allowed_hosts: set[str] | None = None, cors_origins: list[str] = (), metrics_key: str | None = None,
+                    expose_timings: bool = False) -> FastAPI:
     """The routes, errors and streaming around a generation backend (the interface is in local.py).
     `metrics` counts this app's HTTP requests and errors (and, for a local backend, its generations)."""
     created = int(time.time())
@@ -183,7 +200,8 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
     app = FastAPI(title="specdecode", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.backend = backend
     app.state.metrics = metrics
-    app.add_middleware(ExposureGuard, allowed_hosts=allowed_hosts, cors_origins=list(cors_origins), api_key=api_key)
+    app.add_middleware(ExposureGuard, allowed_hosts=allowed_hosts, cors_origins=list(cors_origins), api_key=api_key,
+                       metrics_key=metrics_key)
     app.add_middleware(RequestCounter, metrics=metrics)
 
     # ------------------------------------------------------------------ errors, all in OpenAI's shape
@@ -299,11 +317,13 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                       "finish_reason": step.finish_reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": step.finish_reason}
-        extension = {"tokens": tokens, "origins": origins, "sources": sources, "stats": step.final_stats.to_dict()}
+        extension = {"tokens": tokens, "origins": origins, "sources": sources,
+                     "stats": client_stats(step.final_stats.to_dict(), expose_timings)}
         if step.replica is not None:
             extension["replica"] = step.replica
         return {"id": response_id, "object": obj, "created": int(time.time()), "model": model_name,
-                "choices": [choice], "usage": _usage(step.stats), "system_fingerprint": None, "specdecode": extension}
+                "choices": [choice], "usage": _usage(step.stats, expose_timings), "system_fingerprint": None,
+                "specdecode": extension}
 
     async def stream_chunks(ticket, gen: GenerationRequest):
         response_id, _ = ids(gen.kind)
@@ -333,18 +353,18 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             if not (step.text or step.tokens or step.finished):
                 continue
             extra = {"specdecode": {"tokens": step.tokens, "origins": step.origins, "sources": step.sources,
-                                    "pieces": step.pieces, "stats": step.stats}}
+                                    "pieces": step.pieces, "stats": client_stats(step.stats, expose_timings)}}
             if step.replica is not None:
                 extra["specdecode"]["replica"] = step.replica
             if step.finished:
-                extra["usage"] = _usage(step.stats)
+                extra["usage"] = _usage(step.stats, expose_timings)
             yield _sse(chunk(step.text if step.text or not step.finished else None,
                              step.finish_reason if step.finished else None, extra))
             if step.finished:
                 if gen.include_usage:
                     usage_chunk = chunk(None)
                     usage_chunk["choices"] = []
-                    usage_chunk["usage"] = _usage(step.stats)
+                    usage_chunk["usage"] = _usage(step.stats, expose_timings)
                     yield _sse(usage_chunk)
                 break
         yield "data: [DONE]\n\n"
@@ -437,7 +457,8 @@ def run_server(args) -> int:
     model_name = served_model_name(args)
     allowed_hosts = exposure_options(args)
     app = create_app(engine, drafter, model_name, api_key=args.api_key, queue_size=args.queue_size, warmup=True,
-                     allowed_hosts=allowed_hosts, cors_origins=args.cors_origin or [], max_batch=args.max_batch)
+                     allowed_hosts=allowed_hosts, cors_origins=args.cors_origin or [], max_batch=args.max_batch,
+                     metrics_key=getattr(args, "metrics_key", None), expose_timings=getattr(args, "expose_timings", False))
     scheduler: Scheduler = app.state.scheduler
 
     grace = max(0.0, float(args.shutdown_grace))

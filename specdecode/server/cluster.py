@@ -44,6 +44,8 @@ class ClusterSettings:
     queue_size: int = 16
     max_batch: int = 8
     api_key: str | None = None
+    metrics_key: str | None = None  # None: the API key
+    expose_timings: bool = False
     allowed_hosts: set[str] | None = None
     cors_origins: list[str] = field(default_factory=list)
     shutdown_grace_s: float = 30.0
@@ -89,7 +91,9 @@ def settings_from_args(args, model_name: str, allowed_hosts) -> ClusterSettings:
     threads = args.threads_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
     return ClusterSettings(options, model_name, replicas=args.replicas, threads_per_replica=threads,
                            queue_size=args.queue_size, max_batch=args.max_batch, api_key=args.api_key, allowed_hosts=allowed_hosts,
-                           cors_origins=list(args.cors_origin or []), shutdown_grace_s=float(args.shutdown_grace))
+                           cors_origins=list(args.cors_origin or []), shutdown_grace_s=float(args.shutdown_grace),
+                           metrics_key=getattr(args, "metrics_key", None),
+                           expose_timings=getattr(args, "expose_timings", False))
 
 
 def run_cluster_server(args) -> int:

@@ -4,7 +4,8 @@ A keyless server on localhost is reachable by every web page its user opens: a p
 (and, by DNS rebinding, read the answers under a name that resolves to 127.0.0.1). This ASGI middleware
 refuses requests whose Host is not one the server answers to, and browser requests from any origin but
 the server's own or those named with --cors-origin (which get CORS headers and preflight answers). With
-an API key, the operational pages (/metrics, /docs, /openapi.json) need it too.
+an API key, the operational pages (/docs, /openapi.json) need it too; /metrics needs the metrics key
+(--metrics-key), by default the API key: its counters sum up every client's requests.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import json
 from urllib.parse import urlsplit
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-KEYED_PAGES = {"/metrics", "/docs", "/openapi.json", "/docs/oauth2-redirect"}
+KEYED_PAGES = {"/docs", "/openapi.json", "/docs/oauth2-redirect"}
+METRICS_PAGE = "/metrics"
 
 
 def bearer_key_matches(authorization: str, api_key: str) -> bool:
@@ -43,11 +45,19 @@ def _error(status: int, message: str, code: str, headers: list[tuple[bytes, byte
 
 
 class ExposureGuard:
-    def __init__(self, app, allowed_hosts: set[str] | None, cors_origins: list[str], api_key: str | None):
+    def __init__(self, app, allowed_hosts: set[str] | None, cors_origins: list[str], api_key: str | None,
+                 metrics_key: str | None = None):
         self.app = app
         self.allowed_hosts = {h.strip("[]").lower() for h in allowed_hosts} if allowed_hosts is not None else None
         self.cors_origins = {o.rstrip("/") for o in cors_origins}
         self.api_key = api_key
+        self.metrics_key = metrics_key or api_key
+
+    def _page_key(self, path: str) -> str | None:
+        """The key a page asks for (None: open to all)."""
+        if path == METRICS_PAGE:
+            return self.metrics_key
+        return self.api_key if path in KEYED_PAGES else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -71,7 +81,8 @@ class ExposureGuard:
                         (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
                         (b"access-control-allow-headers", b"authorization, content-type"),
                         (b"access-control-max-age", b"600")]}, {"type": "http.response.body", "body": b""})
-        if self.api_key and scope.get("path") in KEYED_PAGES and not bearer_key_matches(headers.get("authorization", ""), self.api_key):
+        page_key = self._page_key(scope.get("path", ""))
+        if page_key and not bearer_key_matches(headers.get("authorization", ""), page_key):
             return await self._reply(send, *_error(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                                                    "invalid_api_key", [(b"www-authenticate", b"Bearer")]))
 
