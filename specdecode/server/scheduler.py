@@ -4,8 +4,9 @@ The engine runs up to `max_batch` generations at once (batch.BatchEngine: one ta
 each request's tokens those it gets alone) and is not thread-safe, so every call into it runs on one
 dedicated thread, one pass per call; the event loop stays free between passes to accept, queue, stream
 and cancel requests. Requests join the batch between passes as slots free up. Clients take turns by
-`user` (or address): each user's requests run in arrival order, and users are served round-robin, so one
-client flooding the queue cannot starve another.
+lane (app.queue_lane: the API key's id and the peer address, never a field the request chooses): each lane's
+requests run in arrival order, and lanes are served round-robin, so one client flooding the queue cannot
+starve another.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class Job:
 
 
 class FairQueue:
-    """Bounded queue of jobs, one FIFO lane per user, lanes served round-robin. Event-loop only."""
+    """Bounded queue of jobs, one FIFO lane per client (Job.user_key), lanes served round-robin. Event-loop only."""
 
     def __init__(self, maxsize: int):
         if maxsize < 1:
