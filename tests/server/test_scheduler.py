@@ -173,10 +173,11 @@ def test_shutdown_fails_queued_jobs_and_cancels_the_running_one():
 
 def test_queue_full_is_a_429_with_retry_after():
     async def scenario():
-        scheduler = Scheduler(tiny_engine(), "none", 1, ServerMetrics("fake"))
-        scheduler.submit(Job(request(), user_key="a"))
+        scheduler = Scheduler(tiny_engine(), "none", 1, ServerMetrics("fake"), max_batch=1)
+        scheduler.submit(Job(request(), user_key="a"))  # the batch's free place (no worker took it yet) ...
+        scheduler.submit(Job(request(), user_key="b"))  # ... and the queue's one
         with pytest.raises(ApiError) as err:
-            scheduler.submit(Job(request(), user_key="b"))
+            scheduler.submit(Job(request(), user_key="c"))
         scheduler.close()
         return err.value
 
