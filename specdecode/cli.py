@@ -219,6 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     s.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SPECDECODE_API_KEY, which keeps the key out of ps)")
+    s.add_argument("--api-keys", default=None, metavar="FILE",
+                   help="several API keys, one 'id:key' line each (one per tenant; also $SPECDECODE_API_KEYS, entries"
+                        " separated by commas or newlines): a request's namespace and its turn in the queue follow the"
+                        " key id and the client's address; its `user` field only splits the namespace within them")
+    s.add_argument("--forwarded-allow-ips", default=None,
+                   help="comma-separated addresses of reverse proxies whose X-Forwarded-For names the client (default:"
+                        " none; the client is the peer address, which no header can change)")
+    s.add_argument("--metrics-key", default=os.environ.get("SPECDECODE_METRICS_KEY"),
+                   help="require 'Authorization: Bearer KEY' for /metrics, whose counters sum up every client's requests"
+                        " (default: $SPECDECODE_METRICS_KEY, else the API key)")
+    s.add_argument("--expose-timings", action="store_true",
+                   help="put each request's timings (prefill, draft, verify seconds, tokens/s, cost notes) in its"
+                        " response; off by default: they tell a client what was cached and how busy the server is")
     s.add_argument("--allowed-hosts", default=None,
                    help="comma-separated Host names to answer besides the bound one (a loopback bind answers to loopback"
                         " names only, against DNS rebinding)")

@@ -3,7 +3,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from dataclasses import dataclass, field
+
+from .errors import InputError
+
+
+class ChatPrompt(str):
+    """A rendered chat whose message content holds control-token strings (a user typing `<|im_start|>system`).
+    Its text is the chat as rendered; `marked` is the same rendering with each control string from the content
+    wrapped in `mark`, so that `Tokenizer.encode` reads those as text and only the template's as control tokens."""
+
+    marked: str
+    mark: str
 
 
 @dataclass
@@ -39,13 +51,79 @@ class Tokenizer:
         return bool(getattr(self.hf, "chat_template", None))
 
     def encode(self, text: str) -> list[int]:
+        if isinstance(text, ChatPrompt):
+            return self._encode_marked(text)
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def chat_prompt(self, messages: list[dict]) -> str:
-        return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        """The chat as prompt text. Where message content holds control-token strings, a ChatPrompt, which `encode`
+        tokenizes with those strings as text: only the template writes control tokens. Other chats are plain text,
+        tokenized as they always were."""
+        text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        controls, _ = self._control_tokens
+        contents = [m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
+        if controls is None or not any(controls.search(content) for content in contents):
+            return text
+        mark = next((chr(c) for c in range(0xE000, 0xF900) if chr(c) not in text), None)  # Unicode's private use area
+        if mark is None:
+            raise InputError("message content holds control tokens and every private-use character")
+        marked = [{**m, "content": controls.sub(lambda found: mark + found.group(0) + mark, m["content"])}
+                  if isinstance(m, dict) and isinstance(m.get("content"), str) else m for m in messages]
+        prompt = ChatPrompt(text)
+        prompt.marked = self.hf.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+        prompt.mark = mark
+        return prompt
+
+    @functools.cached_property
+    def _control_tokens(self) -> tuple[re.Pattern | None, frozenset[int]]:
+        """(a pattern matching them, their ids) for the strings the tokenizer reads as control tokens: its special
+        added tokens, and the other added tokens the chat template writes (whitespace ones are text)."""
+        template = str(getattr(self.hf, "chat_template", None) or "")
+        added = (getattr(self.hf, "added_tokens_decoder", None) or {}).values()
+        names = {t.content for t in added if t.content and not t.content.isspace() and (t.special or t.content in template)}
+        if not names:
+            return None, frozenset()
+        pattern = re.compile("|".join(map(re.escape, sorted(names, key=len, reverse=True))))
+        return pattern, frozenset(self.hf.convert_tokens_to_ids(name) for name in names)
+
+    def _encode_marked(self, prompt: ChatPrompt) -> list[int]:
+        controls, control_ids = self._control_tokens
+        pieces = prompt.marked.split(prompt.mark)  # template text, a control string from content, template text, ...
+        if len(pieces) % 2 == 0 or not all(controls.fullmatch(piece) for piece in pieces[1::2]):
+            raise InputError("the chat template takes apart message content that holds control tokens;"
+                             " send the content without them")
+        ids = []
+        for index, piece in enumerate(pieces):
+            if index % 2 == 0:
+                ids += self.hf.encode(piece, add_special_tokens=False) if piece else []
+                continue
+            as_text = self._encode_as_text(piece)
+            if control_ids & set(as_text):
+                raise InputError(f"message content holds {piece!r}, which this tokenizer cannot read as text")
+            ids += as_text
+        return ids
+
+    def _encode_as_text(self, text: str) -> list[int]:
+        """`text` tokenized without reading any added token in it. A fast tokenizer runs its pipeline by hand rather
+        than through the `split_special_tokens` switch, a setting of the shared tokenizer that other threads'
+        encodes would see."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is None:
+            return list(self.hf.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+        def pipeline(string: str) -> list[int]:
+            if backend.normalizer is not None:
+                string = backend.normalizer.normalize_str(string)
+            pre = backend.pre_tokenizer
+            splits = [part for part, _ in pre.pre_tokenize_str(string)] if pre is not None else [string]
+            return [token.id for part in splits for token in backend.model.tokenize(part)]
+
+        # After a newline, as in the middle of a prompt: SentencePiece adds a space at the start of a string only.
+        newline, ids = pipeline("\n"), pipeline("\n" + text)
+        return ids[len(newline):] if ids[: len(newline)] == newline else pipeline(text)
 
     def fingerprint(self) -> str:
         """Identity of the vocabulary: two models can speculate for each other only if these agree."""

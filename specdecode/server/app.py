@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..build import build_engine
 from ..errors import InputError
-from .exposure import LOOPBACK, ExposureGuard, bearer_key_matches, default_allowed_hosts
+from .exposure import LOOPBACK, ApiKeys, ExposureGuard, default_allowed_hosts, load_api_keys, parse_api_keys
 from .local import LocalBackend
 from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion, parse_json_body
@@ -44,11 +44,18 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 API_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/")
 
 
-def request_namespace(request: Request, client: str, user: str | None) -> str:
-    """Who a request speaks for, as far as the server can tell: the bearer key it showed, its address and its
-    `user` field. Text remembered from one namespace is never drafted for another."""
-    key = request.headers.get("authorization", "")
-    return hashlib.sha256(f"{key}\n{client}\n{user or ''}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
+def queue_lane(key_id: str, client: str) -> str:
+    """Whose turn in the fair queue: the API key's id (the tenant) and the peer address, which a client cannot
+    choose per request (uvicorn believes X-Forwarded-For only from --forwarded-allow-ips)."""
+    return json.dumps([key_id, client])
+
+
+def request_namespace(key_id: str, client: str, user: str | None, presented: str = "") -> str:
+    """Whose text a request is: its lane (key id and peer address), then, within it, the `user` field and on a
+    server without keys the bearer token shown (a client's own secret). Text remembered from one namespace is
+    never drafted for another, nor a cached prefix reused."""
+    identity = json.dumps([key_id, client, user or "", presented], ensure_ascii=False)
+    return hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:24]
 
 
 class ClientGone(Exception):
@@ -124,8 +131,18 @@ class JobStreamingResponse(StreamingResponse):
             self.ticket.cancel("client_disconnected")  # no-op when the generation finished
 
 
-def _usage(stats: dict) -> dict:
-    return {
+# Figures a client could read other clients' activity from: how long its prefill took (whether a prefix was already
+# cached), what the passes it shared cost, whether it paid for a calibration. Out of responses unless --expose-timings.
+TIMING_STATS = frozenset({"tokens_per_s", "time", "predicted_speedup", "notes"})
+
+
+def client_stats(stats: dict, expose_timings: bool) -> dict:
+    """A generation's statistics as a client may see them."""
+    return dict(stats) if expose_timings else {k: v for k, v in stats.items() if k not in TIMING_STATS}
+
+
+def _usage(stats: dict, expose_timings: bool = False) -> dict:
+    usage = {
         "prompt_tokens": stats["prompt_tokens"],
         "completion_tokens": stats["generated_tokens"],
         "total_tokens": stats["prompt_tokens"] + stats["generated_tokens"],
@@ -135,8 +152,10 @@ def _usage(stats: dict) -> dict:
         "alpha": stats["alpha"],
         "tau": stats["tau"],
         "target_passes": stats["target_passes"],
-        "tokens_per_s": stats["tokens_per_s"],
     }
+    if expose_timings:
+        usage["tokens_per_s"] = stats["tokens_per_s"]
+    return usage
 
 
 def _sse(payload) -> str:
@@ -147,11 +166,15 @@ def _playground_html() -> str:
     return resources.files("specdecode.server").joinpath("playground.html").read_text(encoding="utf-8")
 
 
-def create_app(engine, default_drafter: str, model_name: str, api_key: str | None = None, queue_size: int = 16,
+def create_app(engine, default_drafter: str, model_name: str, api_key: ApiKeys | str | None = None, queue_size: int = 16,
                *, default_max_tokens: int = 256, max_k: int | None = None, warmup: bool = False,
-               allowed_hosts: set[str] | None = None, cors_origins: list[str] = (), max_batch: int = 8) -> FastAPI:
+               allowed_hosts: set[str] | None = None, cors_origins: list[str] = (), max_batch: int = 8,
+               metrics_key: str | None = None, expose_timings: bool = False) -> FastAPI:
     """The ASGI app around one engine. `default_drafter` is used when a request names none.
-    allowed_hosts: the Host names it answers to (None: any); cors_origins: other origins browsers may call it from."""
+    api_key: one key, or ApiKeys (several, each under a tenant's key id); None: an open API.
+    allowed_hosts: the Host names it answers to (None: any); cors_origins: other origins browsers may call it from;
+    metrics_key: the key /metrics asks for (None: the API key); expose_timings: put each request's timings in its
+    response (`stats.time`, `tokens_per_s`, ...), which tell a client how busy the server was and what was cached."""
     if queue_size < 1:
         raise InputError(f"the queue size must be at least 1, got {queue_size}")
     if max_batch < 1:
@@ -159,18 +182,21 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: str | Non
     metrics = ServerMetrics(model_name)
     scheduler = Scheduler(engine, default_drafter, queue_size, metrics, default_max_tokens, max_k, max_batch)
     app = create_http_app(LocalBackend(scheduler, warmup), model_name, metrics, api_key=api_key,
-                          allowed_hosts=allowed_hosts, cors_origins=cors_origins)
+                          allowed_hosts=allowed_hosts, cors_origins=cors_origins, metrics_key=metrics_key,
+                          expose_timings=expose_timings)
     app.state.scheduler = scheduler
     app.state.engine = engine
     return app
 
 
-def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key: str | None = None,
-                    allowed_hosts: set[str] | None = None, cors_origins: list[str] = ()) -> FastAPI:
+def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key: ApiKeys | str | None = None,
+                    allowed_hosts: set[str] | None = None, cors_origins: list[str] = (), metrics_key: str | None = None,
+                    expose_timings: bool = False) -> FastAPI:
     """The routes, errors and streaming around a generation backend (the interface is in local.py).
     `metrics` counts this app's HTTP requests and errors (and, for a local backend, its generations)."""
     created = int(time.time())
     playground = _playground_html()
+    api_keys = ApiKeys.of(api_key)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -183,7 +209,8 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
     app = FastAPI(title="specdecode", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.backend = backend
     app.state.metrics = metrics
-    app.add_middleware(ExposureGuard, allowed_hosts=allowed_hosts, cors_origins=list(cors_origins), api_key=api_key)
+    app.add_middleware(ExposureGuard, allowed_hosts=allowed_hosts, cors_origins=list(cors_origins), api_key=api_key,
+                       metrics_key=metrics_key)
     app.add_middleware(RequestCounter, metrics=metrics)
 
     # ------------------------------------------------------------------ errors, all in OpenAI's shape
@@ -207,12 +234,15 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
         return error_response(ApiError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
 
     # ------------------------------------------------------------------ helpers
-    def check_api_key(request: Request) -> None:
-        if not api_key:
-            return
-        if not bearer_key_matches(request.headers.get("authorization", ""), api_key):
+    def check_api_key(request: Request) -> str:
+        """The id of the key the request shows ("" on a server without keys)."""
+        if not api_keys:
+            return ""
+        key_id = api_keys.identify(request.headers.get("authorization", ""))
+        if key_id is None:
             raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        return key_id
 
     async def read_body(request: Request) -> dict:
         # A browser sends text/plain across origins without asking first; JSON only is part of the defence.
@@ -244,7 +274,7 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
 
     # ------------------------------------------------------------------ generation
     async def generate(request: Request, kind: str):
-        check_api_key(request)
+        key_id = check_api_key(request)
         body = await read_body(request)
         gen = parse_chat(body) if kind == "chat" else parse_completion(body)
         check_model(gen.model)
@@ -252,7 +282,8 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             raise ApiError(400, f"drafter '{gen.drafter}' needs a draft model; this server has none (try 'lookup')",
                            param="speculative.drafter", code="drafter_unavailable")
         client = request.client.host if request.client else "?"
-        ticket = await backend.submit(gen, gen.user or client, request_namespace(request, client, gen.user))
+        presented = "" if api_keys else request.headers.get("authorization", "")
+        ticket = await backend.submit(gen, queue_lane(key_id, client), request_namespace(key_id, client, gen.user, presented))
         watch = DisconnectWatch(request)
         try:
             first = await watch.wait(ticket.next())  # waits in the queue, then for the tokenizer and checks
@@ -299,11 +330,13 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                       "finish_reason": step.finish_reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": step.finish_reason}
-        extension = {"tokens": tokens, "origins": origins, "sources": sources, "stats": step.final_stats.to_dict()}
+        extension = {"tokens": tokens, "origins": origins, "sources": sources,
+                     "stats": client_stats(step.final_stats.to_dict(), expose_timings)}
         if step.replica is not None:
             extension["replica"] = step.replica
         return {"id": response_id, "object": obj, "created": int(time.time()), "model": model_name,
-                "choices": [choice], "usage": _usage(step.stats), "system_fingerprint": None, "specdecode": extension}
+                "choices": [choice], "usage": _usage(step.stats, expose_timings), "system_fingerprint": None,
+                "specdecode": extension}
 
     async def stream_chunks(ticket, gen: GenerationRequest):
         response_id, _ = ids(gen.kind)
@@ -333,18 +366,18 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             if not (step.text or step.tokens or step.finished):
                 continue
             extra = {"specdecode": {"tokens": step.tokens, "origins": step.origins, "sources": step.sources,
-                                    "pieces": step.pieces, "stats": step.stats}}
+                                    "pieces": step.pieces, "stats": client_stats(step.stats, expose_timings)}}
             if step.replica is not None:
                 extra["specdecode"]["replica"] = step.replica
             if step.finished:
-                extra["usage"] = _usage(step.stats)
+                extra["usage"] = _usage(step.stats, expose_timings)
             yield _sse(chunk(step.text if step.text or not step.finished else None,
                              step.finish_reason if step.finished else None, extra))
             if step.finished:
                 if gen.include_usage:
                     usage_chunk = chunk(None)
                     usage_chunk["choices"] = []
-                    usage_chunk["usage"] = _usage(step.stats)
+                    usage_chunk["usage"] = _usage(step.stats, expose_timings)
                     yield _sse(usage_chunk)
                 break
         yield "data: [DONE]\n\n"
@@ -374,7 +407,7 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
         state = await backend.health()
         body = {"status": state.pop("status"), "model": model_name, "drafters": backend.drafters,
                 "default_drafter": backend.default_drafter, "max_context": backend.max_context,
-                "auth": bool(api_key), **state}
+                "auth": bool(api_keys), **state}
         return JSONResponse(body, status_code=503 if body["status"] == "unavailable" else 200)
 
     @app.get("/metrics")
@@ -392,15 +425,41 @@ def served_model_name(args) -> str:
     return os.path.basename(str(args.model).rstrip("/")) if os.path.exists(str(args.model)) else args.model
 
 
+def api_keys_from_args(args) -> ApiKeys:
+    """The keys the API accepts: --api-key (id "default"), the `id:key` lines of the --api-keys file and the
+    entries of $SPECDECODE_API_KEYS."""
+    keys = ApiKeys.of(getattr(args, "api_key", None))
+    if getattr(args, "api_keys", None):
+        keys = keys.merged(load_api_keys(args.api_keys))
+    if os.environ.get("SPECDECODE_API_KEYS", "").strip():
+        keys = keys.merged(parse_api_keys(os.environ["SPECDECODE_API_KEYS"], "$SPECDECODE_API_KEYS", commas=True))
+    return keys
+
+
 def exposure_options(args) -> set[str] | None:
     """The Host names to answer (None: any), after warning about a keyless server others can reach."""
     allowed_hosts = default_allowed_hosts(args.host)
     if args.allowed_hosts:
         allowed_hosts = (allowed_hosts or set()) | {h.strip() for h in args.allowed_hosts.split(",") if h.strip()} | {args.host}
-    if args.host.strip("[]").lower() not in LOOPBACK and not args.api_key:
+    keys = api_keys_from_args(args)
+    if args.host.strip("[]").lower() not in LOOPBACK and not keys:
         print(f"specdecode: warning: serving on {args.host} without an API key: anyone who can reach this address can"
-              " use the model (set SPECDECODE_API_KEY or --api-key)", file=sys.stderr, flush=True)
+              " use the model (set SPECDECODE_API_KEY or --api-key, or --api-keys FILE)", file=sys.stderr, flush=True)
+    if len(keys.entries) > 1 and not getattr(args, "metrics_key", None):
+        print("specdecode: warning: every API key can read /metrics, which sums up all tenants' requests"
+              " (set --metrics-key to keep it for the operator)", file=sys.stderr, flush=True)
     return allowed_hosts
+
+
+def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, forwarded_allow_ips: str | None = None,
+                   **options):
+    """uvicorn's settings for this server. X-Forwarded-For names the client only when it comes from a proxy named
+    in `forwarded_allow_ips` (--forwarded-allow-ips); uvicorn's default believes it from any local process, which
+    could then claim any address and with it another client's namespace and queue lane."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, proxy_headers=bool(forwarded_allow_ips),
+                          forwarded_allow_ips=forwarded_allow_ips or "", **options)
 
 
 def _wants_cluster(args) -> bool:
@@ -433,11 +492,13 @@ def run_server(args) -> int:
         return run_cluster_server(args)
     import uvicorn
 
+    api_keys = api_keys_from_args(args)  # a bad key file fails before the model loads
+    allowed_hosts = exposure_options(args)
     engine, drafter = build_engine(args)
     model_name = served_model_name(args)
-    allowed_hosts = exposure_options(args)
-    app = create_app(engine, drafter, model_name, api_key=args.api_key, queue_size=args.queue_size, warmup=True,
-                     allowed_hosts=allowed_hosts, cors_origins=args.cors_origin or [], max_batch=args.max_batch)
+    app = create_app(engine, drafter, model_name, api_key=api_keys, queue_size=args.queue_size, warmup=True,
+                     allowed_hosts=allowed_hosts, cors_origins=args.cors_origin or [], max_batch=args.max_batch,
+                     metrics_key=getattr(args, "metrics_key", None), expose_timings=getattr(args, "expose_timings", False))
     scheduler: Scheduler = app.state.scheduler
 
     grace = max(0.0, float(args.shutdown_grace))
@@ -467,12 +528,13 @@ def run_server(args) -> int:
                     time.sleep(0.05)
             super().handle_exit(sig, frame)  # uvicorn then lets open responses finish sending
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=15)
+    config = uvicorn_config(app, host=args.host, port=args.port, forwarded_allow_ips=getattr(args, "forwarded_allow_ips", None),
+                            log_level="info", timeout_graceful_shutdown=15)
     server = Server(config)
     # uvicorn re-raises the caught signal after its graceful shutdown; for SIGTERM that would end the
     # process with status -15. This handler (restored by uvicorn before re-raising) swallows it: exit 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     print(f"specdecode: serving {model_name} (default drafter: {drafter}) on http://{args.host}:{args.port}/"
-          f" (playground), API under /v1{', API key required' if args.api_key else ''}", flush=True)
+          f" (playground), API under /v1{', API key required' if api_keys else ''}", flush=True)
     server.run()
     return 0

@@ -43,7 +43,9 @@ class ClusterSettings:
     threads_per_replica: int = 1
     queue_size: int = 16
     max_batch: int = 8
-    api_key: str | None = None
+    api_key: object = None  # exposure.ApiKeys, one key, or None (an open API)
+    metrics_key: str | None = None  # None: the API key
+    expose_timings: bool = False
     allowed_hosts: set[str] | None = None
     cors_origins: list[str] = field(default_factory=list)
     shutdown_grace_s: float = 30.0
@@ -85,11 +87,16 @@ ENGINE_FLAGS = {f.name for f in fields(EngineOptions)} - {"threads"}
 
 
 def settings_from_args(args, model_name: str, allowed_hosts) -> ClusterSettings:
+    from .app import api_keys_from_args
+
     options = {k: v for k, v in vars(args).items() if k in ENGINE_FLAGS}
     threads = args.threads_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
     return ClusterSettings(options, model_name, replicas=args.replicas, threads_per_replica=threads,
-                           queue_size=args.queue_size, max_batch=args.max_batch, api_key=args.api_key, allowed_hosts=allowed_hosts,
-                           cors_origins=list(args.cors_origin or []), shutdown_grace_s=float(args.shutdown_grace))
+                           queue_size=args.queue_size, max_batch=args.max_batch, api_key=api_keys_from_args(args),
+                           allowed_hosts=allowed_hosts,
+                           cors_origins=list(args.cors_origin or []), shutdown_grace_s=float(args.shutdown_grace),
+                           metrics_key=getattr(args, "metrics_key", None),
+                           expose_timings=getattr(args, "expose_timings", False))
 
 
 def run_cluster_server(args) -> int:
@@ -101,7 +108,13 @@ def run_cluster_server(args) -> int:
 
     settings = settings_from_args(args, served_model_name(args), exposure_options(args))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Serve's HTTP proxy runs uvicorn with its defaults, which believe X-Forwarded-For from any local process
+    # (app.uvicorn_config says why not); it reads this variable, which a Ray instance started here inherits.
+    os.environ["FORWARDED_ALLOW_IPS"] = getattr(args, "forwarded_allow_ips", None) or ""
     if args.ray_address:
+        print("specdecode: note: the joined cluster's Serve proxy believes X-Forwarded-For from the addresses in its"
+              " own FORWARDED_ALLOW_IPS (uvicorn's default: loopback); set it to '' there unless a proxy fronts it",
+              file=sys.stderr, flush=True)
         ray.init(address=args.ray_address, logging_level=logging.WARNING)
     else:
         cores = os.cpu_count() or 1
@@ -120,7 +133,7 @@ def run_cluster_server(args) -> int:
         deploy(settings, args.host, args.port)
         print(f"specdecode: serving {settings.model_name} with {settings.replicas} replicas on"
               f" http://{args.host}:{args.port}/ (playground), API under /v1"
-              f"{', API key required' if args.api_key else ''}", flush=True)
+              f"{', API key required' if settings.api_key else ''}", flush=True)
         while not stop.wait(0.5):
             pass
         print("specdecode: shutting down (finishing running requests)", flush=True)

@@ -31,7 +31,7 @@ class ClusterTicket:
         self.request = request
         self.user_key = user_key
         self.namespace = namespace
-        self.chain = backend.router.chain(request.prompt)
+        self.chain = backend.router.chain(request.prompt, namespace)  # one client's prefixes never match another's
         self.stream = None
         self.started = False
         self.done = False
@@ -169,5 +169,6 @@ class EntryPoint:
 
         s = self.settings
         return create_http_app(self.backend, s.model_name, ServerMetrics(s.model_name), api_key=s.api_key,
-                               allowed_hosts=s.allowed_hosts, cors_origins=s.cors_origins)
+                               allowed_hosts=s.allowed_hosts, cors_origins=s.cors_origins, metrics_key=s.metrics_key,
+                               expose_timings=s.expose_timings)
 

@@ -4,7 +4,10 @@ A replica's engine keeps the keys and values of the sequence it ran last and reu
 shares with it (and prompt lookup drafts from that text). With several replicas the reuse only pays if a chat's
 next turn, or a prompt repeating a long system text, reaches the replica that ran the earlier one. The router
 cuts the prompt into fixed-size blocks of text, chains a hash over them (block i's hash covers blocks 0..i, so
-equal hashes mean equal prefixes), and remembers the chains each replica served most recently. A request goes
+equal hashes mean equal prefixes), and remembers the chains each replica served most recently. The chain starts
+from the request's namespace (its client): a replica's engine reuses a cached prefix for the same client only, and
+two clients' equal prompts must not be routed as a shared prefix, or the replica that answers (the response's
+`replica` field) would tell one client what another sent. A request goes
 to the replica holding its longest prefix when that prefix is long enough and that replica's load is within
 `max_imbalance` of the least loaded one; otherwise to the least loaded replica, the least recently used among
 equals, so an idle replica's cached conversation is the last one overwritten.
@@ -31,9 +34,11 @@ def prompt_text(prompt) -> str:
     return ""
 
 
-def prefix_chain(text: str, block_chars: int) -> list[bytes]:
-    """Chained hashes of the complete blocks of `text`: entry i identifies text[: (i + 1) * block_chars]."""
-    chain, previous = [], b""
+def prefix_chain(text: str, block_chars: int, namespace: str = "") -> list[bytes]:
+    """Chained hashes of the complete blocks of `text`: entry i identifies text[: (i + 1) * block_chars] as
+    sent from `namespace` (equal text from another namespace hashes differently)."""
+    chain = []
+    previous = hashlib.blake2b(namespace.encode("utf-8", "surrogatepass"), digest_size=8, person=b"namespace").digest()
     for start in range(0, len(text) - block_chars + 1, block_chars):
         block = text[start : start + block_chars].encode("utf-8", "surrogatepass")
         previous = hashlib.blake2b(previous + block, digest_size=8).digest()
@@ -64,8 +69,8 @@ class PrefixRouter:
         self._clock = itertools.count()
         self._last_used: dict[str, int] = {}
 
-    def chain(self, prompt) -> list[bytes]:
-        return prefix_chain(prompt_text(prompt), self.block_chars)
+    def chain(self, prompt, namespace: str = "") -> list[bytes]:
+        return prefix_chain(prompt_text(prompt), self.block_chars, namespace)
 
     def matched_blocks(self, chain: list[bytes], replica: str) -> int:
         """How many leading blocks of `chain` the replica holds (a chained hash stands for its whole prefix)."""

@@ -4,8 +4,9 @@ The engine runs up to `max_batch` generations at once (batch.BatchEngine: one ta
 each request's tokens those it gets alone) and is not thread-safe, so every call into it runs on one
 dedicated thread, one pass per call; the event loop stays free between passes to accept, queue, stream
 and cancel requests. Requests join the batch between passes as slots free up. Clients take turns by
-`user` (or address): each user's requests run in arrival order, and users are served round-robin, so one
-client flooding the queue cannot starve another.
+lane (app.queue_lane: the API key's id and the peer address, never a field the request chooses): each lane's
+requests run in arrival order, and lanes are served round-robin, so one client flooding the queue cannot
+starve another.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class Job:
 
 
 class FairQueue:
-    """Bounded queue of jobs, one FIFO lane per user, lanes served round-robin. Event-loop only."""
+    """Bounded queue of jobs, one FIFO lane per client (Job.user_key), lanes served round-robin. Event-loop only."""
 
     def __init__(self, maxsize: int):
         if maxsize < 1:
@@ -145,6 +146,7 @@ class Scheduler:
         self.max_k = max_k
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdecode-engine")
         self.running: list[Job] = []
+        self.reserved = 0  # places held for requests being tokenized (reserve), counted against the queue's bound
         self.shutting_down = False
         self._halt = False  # read by the engine thread between steps: stop whatever is running
         self.completed = 0
@@ -152,20 +154,38 @@ class Scheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ called by request handlers
-    def submit(self, job: Job) -> None:
+    def reserve(self) -> None:
+        """Hold a place in the queue for a request about to be tokenized, or refuse it (503 shutting down, 429 full)
+        before any work on its prompt: the queue's bound then bounds the tokenizing too. Hand the place to `submit`
+        (reserved=True) or give it back with `release`."""
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
         # The batch's free places count as room too: a burst arriving between two passes waits for them here.
         free = max(0, self.max_batch - len(self.running))
+        if len(self.queue) + self.reserved >= self.queue_size + free:
+            raise self._busy()
+        self.reserved += 1
+
+    def release(self) -> None:
+        """Give back a place `reserve` held (the request was refused or withdrawn while it was tokenized)."""
+        self.reserved -= 1
+
+    def submit(self, job: Job, reserved: bool = False) -> None:
+        """Queue a job, in the place `reserve` held for it (reserved=True) or in one taken now."""
+        if not reserved:
+            self.reserve()
+        self.reserved -= 1
+        if self._halt:  # shut down while it was tokenized
+            raise ApiError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
         try:
-            if len(self.queue) >= self.queue_size + free:
-                raise QueueFull
             self.queue.put_nowait(job)
-        except QueueFull:
-            raise ApiError(429, f"the server is busy: {len(self.queue)} requests are waiting; retry later",
-                           type="rate_limit_error", code="queue_full",
-                           headers={"Retry-After": str(self.retry_after())}) from None
+        except QueueFull:  # not with a reservation: reserved places and queued jobs stay within the queue's bound
+            raise self._busy() from None
         self.metrics.queue_depth.set(len(self.queue))
+
+    def _busy(self) -> ApiError:
+        return ApiError(429, f"the server is busy: {len(self.queue) + self.reserved} requests are waiting; retry later",
+                        type="rate_limit_error", code="queue_full", headers={"Retry-After": str(self.retry_after())})
 
     def cancel(self, job: Job, reason: str) -> None:
         """Stop a job: drop it from the queue, or make its generation stop at the next step."""
@@ -177,12 +197,12 @@ class Scheduler:
             self.metrics.queue_depth.set(len(self.queue))
 
     def retry_after(self) -> int:
-        waiting = len(self.queue) + len(self.running)
+        waiting = len(self.queue) + self.reserved + len(self.running)
         return max(1, min(120, math.ceil(waiting * self._service_time / self.max_batch)))
 
     def status(self) -> dict:
         return {"queue_depth": len(self.queue), "queue_size": self.queue_size, "running": len(self.running),
-                "max_batch": self.max_batch, "completed": self.completed}
+                "max_batch": self.max_batch, "completed": self.completed, "tokenizing": self.reserved}
 
     # ------------------------------------------------------------------ lifecycle
     async def warmup(self) -> None:
@@ -223,7 +243,7 @@ class Scheduler:
         self.shutting_down = True
 
     def idle(self) -> bool:
-        return not self.running and len(self.queue) == 0
+        return not self.running and len(self.queue) == 0 and not self.reserved
 
     def begin_shutdown_threadsafe(self) -> None:
         """For signal handlers: flag at once (the running generation polls it), clean up on the loop."""
@@ -301,7 +321,8 @@ class Scheduler:
         return lambda: job.cancel_reason is not None or self._halt
 
     async def tokenize(self, request: GenerationRequest) -> list[int]:
-        """Before queueing, off the engine thread: a long prompt must not hold up the generations running.
+        """Before queueing (in a place `reserve` holds), off the engine thread: a long prompt must not hold up the
+        generations running.
         A text too long to fit the context at the tokenizer's longest token is refused without tokenizing."""
         texts = [request.prompt] if isinstance(request.prompt, str) else (
             [m["content"] for m in request.prompt if isinstance(m, dict)] if isinstance(request.prompt, list) else [])

@@ -36,15 +36,18 @@ class LiveServer:
         self.thread.join(timeout=30)
 
 
-def start_server(app, engine) -> LiveServer:
-    """Run `app` with uvicorn in a background thread on a free loopback port; returns once it accepts."""
+def start_server(app, engine, forwarded_allow_ips: str | None = None) -> LiveServer:
+    """Run `app` with uvicorn in a background thread on a free loopback port, with the settings `specdecode serve`
+    gives uvicorn; returns once it accepts."""
     import uvicorn
+
+    from specdecode.server.app import uvicorn_config
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10)
+    config = uvicorn_config(app, forwarded_allow_ips=forwarded_allow_ips, log_level="warning", timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"uvicorn-{port}")
     thread.start()

@@ -247,3 +247,35 @@ def test_concurrent_clients_share_passes_and_each_gets_its_solo_answer(client, r
         return count("+Inf") - count("1.0")
 
     assert shared_passes(metrics) > shared_passes(before)
+
+
+TIMINGS = {"tokens_per_s", "time", "predicted_speedup", "notes"}
+
+
+def test_responses_carry_no_timings_unless_the_operator_exposes_them(client, live_server, models):
+    """A request's prefill time tells its client whether a prefix was cached, its tokens/s how busy the passes were:
+    out of every response (final stats, streamed stats, usage) unless the server runs with --expose-timings."""
+    from specdecode.engine import Engine
+    from specdecode.server.app import create_app
+
+    from .conftest import start_server
+
+    response = client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=4, **GREEDY)
+    stats = response.model_extra["specdecode"]["stats"]
+    assert stats["generated_tokens"] == 4 and "alpha" in stats and not TIMINGS & set(stats)
+    assert "tokens_per_s" not in response.usage.model_extra
+    stream = client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=4, stream=True,
+                                       stream_options={"include_usage": True}, **GREEDY)
+    chunks = list(stream)
+    streamed = [c.model_extra["specdecode"]["stats"] for c in chunks if (c.model_extra or {}).get("specdecode")]
+    assert streamed and not any(TIMINGS & set(s) for s in streamed)
+    assert not any("tokens_per_s" in c.usage.model_extra for c in chunks if c.usage)
+
+    engine = Engine(models[0], None, max_context=256)
+    exposed = start_server(create_app(engine, "lookup", MODEL, expose_timings=True), engine)
+    try:
+        body = {"model": MODEL, "prompt": CODE_PROMPT, "max_tokens": 4, "temperature": 0}
+        answer = httpx.post(exposed.api_url + "/completions", json=body, timeout=60).json()
+        assert answer["specdecode"]["stats"]["time"]["prefill"] > 0 and "tokens_per_s" in answer["usage"]
+    finally:
+        exposed.stop()

@@ -199,3 +199,23 @@ def test_a_chunked_upload_past_the_body_limit_is_refused(live_server):
                           headers={"Content-Type": "application/json"})
     assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
     assert httpx.post(live_server.api_url + "/completions", json=GOOD, timeout=60).status_code == 200
+
+
+def test_metrics_has_its_own_key(models):
+    """--metrics-key: /metrics (every client's counters summed) asks for it, not for the API key; the API and /docs
+    ask for the API key. Without it, /metrics asks for the API key (test_api_key_accepted_by_openai_client)."""
+    from starlette.testclient import TestClient
+
+    from specdecode.engine import Engine
+    from specdecode.server.app import create_app
+
+    app = create_app(Engine(models[0], None, max_context=256), "lookup", MODEL, api_key="api", metrics_key="ops")
+    http = TestClient(app, base_url="http://127.0.0.1")
+    bearer = lambda key: {"Authorization": f"Bearer {key}"}  # noqa: E731
+    assert http.get("/metrics").status_code == 401
+    assert http.get("/metrics", headers=bearer("api")).status_code == 401
+    assert http.get("/metrics", headers=bearer("ops")).status_code == 200
+    assert http.get("/docs", headers=bearer("ops")).status_code == 401
+    assert http.get("/docs", headers=bearer("api")).status_code == 200
+    assert http.get("/v1/models", headers=bearer("ops")).status_code == 401
+    assert http.get("/v1/models", headers=bearer("api")).status_code == 200

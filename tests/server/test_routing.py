@@ -93,3 +93,33 @@ def test_idle_replicas_take_turns():
         router.record(chain, route.replica)
         chosen.append(route.replica)
     assert chosen in (["a", "b", "a", "b"], ["b", "a", "b", "a"])
+
+
+def test_two_clients_identical_prompts_are_not_a_shared_prefix():
+    """The chain starts from the client's namespace: routing by another client's prefix (and the response's
+    `replica` field) would tell a client what someone else sent. The same client's next turn still follows."""
+    router = PrefixRouter(block_chars=16, min_prefix_chars=32)
+    loads = {"a": 0, "b": 0}
+    prompt = chat("Explain decorators.")
+    alice = router.chain(prompt, "alice")
+    assert alice != router.chain(prompt, "bob") and alice == router.chain(prompt, "alice")
+    router.record(alice, "a")
+    bob = router.chain(prompt, "bob")
+    assert router.matched_blocks(bob, "a") == 0
+    assert router.choose(bob, loads) == router.choose([], loads)  # as if nobody had sent it: the least loaded
+    assert router.choose(bob, loads).reason == "least_loaded"
+    later = router.chain(chat("Explain decorators.", "They wrap functions.", "Show an example."), "alice")
+    assert router.choose(later, loads).replica == "a" and router.choose(later, loads).reason == "prefix"
+
+
+def test_the_entry_point_chains_each_request_in_its_own_namespace():
+    pytest.importorskip("ray", reason="the 'cluster' extra (ray[serve]) is not installed")
+    from types import SimpleNamespace
+
+    from specdecode.server.cluster_entry import ClusterTicket
+    from specdecode.server.protocol import GenerationRequest
+
+    backend = SimpleNamespace(router=PrefixRouter(block_chars=16))
+    request = GenerationRequest(kind="chat", model="m", prompt=chat("Explain decorators."))
+    alice, bob = ClusterTicket(backend, request, "lane", "alice"), ClusterTicket(backend, request, "lane", "bob")
+    assert alice.chain == backend.router.chain(request.prompt, "alice") and alice.chain != bob.chain

@@ -173,10 +173,11 @@ def test_shutdown_fails_queued_jobs_and_cancels_the_running_one():
 
 def test_queue_full_is_a_429_with_retry_after():
     async def scenario():
-        scheduler = Scheduler(tiny_engine(), "none", 1, ServerMetrics("fake"))
-        scheduler.submit(Job(request(), user_key="a"))
+        scheduler = Scheduler(tiny_engine(), "none", 1, ServerMetrics("fake"), max_batch=1)
+        scheduler.submit(Job(request(), user_key="a"))  # the batch's free place (no worker took it yet) ...
+        scheduler.submit(Job(request(), user_key="b"))  # ... and the queue's one
         with pytest.raises(ApiError) as err:
-            scheduler.submit(Job(request(), user_key="b"))
+            scheduler.submit(Job(request(), user_key="c"))
         scheduler.close()
         return err.value
 
@@ -200,3 +201,47 @@ def test_warmup_measures_every_offered_drafter_before_the_first_request():
     assert "draft" in engine.tuner.costs.draft
     result = engine.generate([1, 2, 3, 1, 2], drafter="lookup", max_new_tokens=4)
     assert not any("measured target/draft costs" in note for note in result.stats.notes)
+
+
+def test_a_full_queue_refuses_before_tokenizing():
+    """Every request was tokenized (up to the 4 MB body limit) before the 429 and 503 checks: the queue bounded
+    memory, not CPU. A request now holds its place while it is tokenized, and one that finds no place is refused
+    without any work on its prompt."""
+    from specdecode.server.local import LocalBackend
+
+    async def scenario():
+        scheduler = Scheduler(tiny_engine(), "none", 1, ServerMetrics("fake"), max_batch=1)  # room: 1 + 1 free slot
+        backend = LocalBackend(scheduler)
+        tokenized, gate, real = [], asyncio.Event(), scheduler.tokenize
+
+        async def slow_tokenize(request_):
+            tokenized.append(request_)
+            await gate.wait()
+            return await real(request_)
+
+        scheduler.tokenize = slow_tokenize
+        holding = [asyncio.create_task(backend.submit(request(), "a")), asyncio.create_task(backend.submit(request(), "b"))]
+        await asyncio.sleep(0.05)
+        assert len(tokenized) == 2 and len(scheduler.queue) == 0
+        with pytest.raises(ApiError) as full:
+            await asyncio.wait_for(backend.submit(request(), "c"), 5)
+        assert full.value.status == 429 and len(tokenized) == 2
+        assert scheduler.reserved == 2 and not scheduler.idle()  # a drain waits for them
+        gate.set()
+        await asyncio.gather(*holding)
+        assert len(scheduler.queue) == 2 and scheduler.reserved == 0
+        with pytest.raises(ApiError) as still_full:
+            await backend.submit(request(), "d")
+        assert still_full.value.status == 429 and len(tokenized) == 2
+        for job in scheduler.queue.drain():
+            job.state = "done"
+        with pytest.raises(ApiError) as bad:  # refused by the tokenizer: its place is given back
+            await backend.submit(request([5, 300]), "e")
+        assert bad.value.status == 400 and scheduler.reserved == 0
+        scheduler.begin_drain()
+        with pytest.raises(ApiError) as draining:
+            await backend.submit(request(), "f")
+        assert draining.value.status == 503 and len(tokenized) == 3
+        scheduler.close()
+
+    asyncio.run(scenario())

@@ -65,6 +65,15 @@ def test_replicas_flag_serves_on_ray_and_sigterm_exits_zero(tmp_path):
         assert httpx.post(base + "/v1/completions", json=body).status_code == 401
         answer = httpx.post(base + "/v1/completions", json=body, headers={"Authorization": "Bearer k"}, timeout=60)
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+        # Serve's proxy must not believe X-Forwarded-For from loopback: a spoofed one keeps the client's namespace
+        # (its second ask copies the first answer from the suffix store; another namespace would copy nothing)
+        story = {"model": MODEL, "prompt": "Before the answer, a note: routing follows prompts of 128 characters"
+                 " or more, so this one is long. Write the alphabet backwards, letter by letter:", "max_tokens": 24,
+                 "temperature": 0, "speculative": {"drafter": "suffix", "k": 8}}
+        sources = lambda **extra: httpx.post(base + "/v1/completions", json=story, timeout=120, headers={  # noqa: E731
+            "Authorization": "Bearer k", **extra}).json()["specdecode"]["sources"]
+        assert "store" not in sources()
+        assert "store" in sources(**{"X-Forwarded-For": "203.0.113.9"})
         assert httpx.get(base + "/metrics").status_code == 401
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0
