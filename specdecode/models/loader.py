@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .. import kernels, registry
+from .. import cachefiles, kernels, registry
 from ..errors import ModelError, UnsupportedDtype
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
@@ -74,15 +74,26 @@ def convert_gguf(gguf_path: Path, quiet: bool = False) -> Path:
     """Dequantize a GGUF file once into float32 safetensors + tokenizer files; later loads read those.
 
     Dequantizing with the gguf package takes tens of seconds per model; reading the converted file
-    takes a few. The folder appears under its final name only when complete.
+    takes a few. The folder appears under its final name only when complete. One process converts a
+    file at a time (an flock per converted folder): others that start meanwhile (`serve --replicas N`
+    on a fresh machine) wait for it and reuse its folder.
     """
+    target = _converted_dir(gguf_path)
+    if (target / "config.json").is_file():
+        return target
+    waiting = None if quiet else f"specdecode: waiting for another process converting {gguf_path.name} ..."
+    with cachefiles.locked(cachefiles.lock_path("converted", target.name), waiting):
+        if (target / "config.json").is_file():  # converted by the process we waited for
+            return target
+        _convert_locked(gguf_path, target, quiet)
+    return target
+
+
+def _convert_locked(gguf_path: Path, target: Path, quiet: bool) -> None:
     from safetensors.torch import save_file
 
     from .gguf_loader import load_gguf_model, open_gguf, read_gguf_blocks
 
-    target = _converted_dir(gguf_path)
-    if (target / "config.json").is_file():
-        return target
     if not quiet:
         print(f"specdecode: converting {gguf_path.name} for fast loading (once) ...", file=sys.stderr)
     reader = open_gguf(gguf_path)
@@ -96,11 +107,10 @@ def convert_gguf(gguf_path: Path, quiet: bool = False) -> Path:
         hf_tok.save_pretrained(str(tmp_path / "tokenizer"))
         _save_blocks(read_gguf_blocks(gguf_path, model.config, reader), tmp_path / BLOCKS_FILE)
         (tmp_path / "config.json").write_text(json.dumps(asdict(model.config), indent=1))
-        if target.exists():
+        if target.exists():  # an incomplete folder (no config.json): only a lock holder writes here
             shutil.rmtree(target)
         tmp_path.rename(target)
         tmp_path.mkdir()  # let TemporaryDirectory clean up an empty folder
-    return target
 
 
 def _load_converted(folder: Path, device, weight_dtype, max_positions, skip=frozenset()) -> Transformer:
@@ -256,6 +266,16 @@ def load_model(
     else:
         raise ModelError(f"model path not found: {path}")
     return LoadedModel(name, path, model, tokenizer, used_backend, dtype, time.perf_counter() - started, blocks)
+
+
+def prepare_model_file(name_or_path: str) -> Path:
+    """What load_model does to a model's files before reading them, alone: pull a named model, convert a GGUF
+    file. Run once before several processes load the same model at once (`serve --replicas`)."""
+    path = registry.resolve(name_or_path)
+    if path.is_file():
+        _check_gguf_header(path)
+        convert_gguf(path)
+    return path
 
 
 def _available_precision(dtype: str, device: torch.device) -> str:

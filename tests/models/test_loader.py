@@ -1,7 +1,10 @@
 """Loading: GGUF files (tiny ones written here, and the real smollm2), HF folders, and clear errors."""
 import dataclasses
 import json
+import multiprocessing
 import shutil
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,8 +37,22 @@ def llama_cpp_permute(weights: np.ndarray, n_heads: int) -> np.ndarray:
     return weights.reshape(n_heads, 2, weights.shape[0] // n_heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
-def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None):
-    """quant: a gguf.GGMLQuantizationType for every matrix (norms and biases stay float32)."""
+def add_byte_tokenizer(writer, vocab_size: int) -> None:
+    """A byte-level BPE vocabulary without merges (token i spells byte i; vocab_size <= 256): enough for
+    transformers to build the tokenizer a conversion saves, so a tiny file loads like a real one."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    spelling = bytes_to_unicode()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([spelling[b] for b in range(vocab_size)])
+    writer.add_token_types([1] * vocab_size)
+    writer.add_token_scores([0.0] * vocab_size)
+    writer.add_eos_token_id(vocab_size - 1)
+
+
+def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, tokenizer=False):
+    """quant: a gguf.GGMLQuantizationType for every matrix (norms and biases stay float32).
+    tokenizer: add a byte-level vocabulary (the tiny models' 256 tokens) so that load_model can convert it."""
     import gguf
 
     c = model.config
@@ -49,6 +66,8 @@ def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None):
     writer.add_head_count_kv(c.n_kv_heads)
     writer.add_rope_freq_base(c.rope_theta)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    if tokenizer:
+        add_byte_tokenizer(writer, c.vocab_size)
 
     def add(name, tensor):
         if name in skip:
@@ -170,6 +189,82 @@ def test_gguf_without_tokenizer_metadata_is_a_model_error(tmp_path, private_cach
         load_model(str(path), device="cpu")
     converted = private_cache / "converted"
     assert not converted.exists() or not any(p.name.startswith("notok") for p in converted.iterdir())
+
+
+# --------------------------------------------------------------------------- the conversion cache
+def tiny_gguf(tmp_path, name="tiny.gguf", seed=70):
+    """A tiny llama GGUF with a tokenizer: load_model converts and loads it like a real file."""
+    model = make_tiny_model(seed=seed)
+    return write_gguf(tmp_path / name, model, tokenizer=True), model
+
+
+def assert_valid_conversion(path, model):
+    """The file loads (from its converted folder) as the model it was written from."""
+    loaded = load_model(str(path), device="cpu", max_context=64)
+    tokens = torch.tensor([1, 50, 7, 200, 3])
+    assert torch.equal(loaded.model(tokens, loaded.model.new_cache(8)), model(tokens, model.new_cache(8)))
+    return loaded
+
+
+def test_a_tiny_gguf_with_a_tokenizer_converts_and_loads(tmp_path, private_cache):
+    path, model = tiny_gguf(tmp_path)
+    loaded = assert_valid_conversion(path, model)
+    assert loaded.tokenizer.decode(loaded.tokenizer.encode("hi there")) == "hi there"
+
+
+def _convert_in_child(path: str, barrier, results) -> None:
+    """In a spawned process: wait for the other one, then convert `path` as load_model does, slowly enough
+    that the two overlap; report the folder and whether this process dequantized the file itself."""
+    from specdecode.models import gguf_loader, loader
+
+    dequantized = []
+    real = gguf_loader.load_gguf_model
+
+    def slow_load(*args, **kwargs):
+        dequantized.append(True)
+        model = real(*args, **kwargs)
+        time.sleep(1.5)
+        return model
+
+    gguf_loader.load_gguf_model = slow_load
+    try:
+        barrier.wait(timeout=120)
+        folder = loader.convert_gguf(Path(path), quiet=True)
+        results.put((str(folder), len(dequantized), None))
+    except Exception as exc:  # reported, not raised: the parent asserts on it
+        results.put((None, len(dequantized), f"{type(exc).__name__}: {exc}"))
+
+
+def test_two_processes_converting_the_same_file_at_once_share_one_conversion(tmp_path, private_cache):
+    """`serve --replicas 2` on a fresh machine: both replicas convert the same file at the same moment. One
+    converts; the other waits for it (an flock per converted folder) and reuses its folder; both end valid."""
+    path, model = tiny_gguf(tmp_path)
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(2), context.Queue()
+    children = [context.Process(target=_convert_in_child, args=(str(path), barrier, results)) for _ in range(2)]
+    for child in children:
+        child.start()
+    try:
+        reports = [results.get(timeout=300) for _ in children]
+    finally:
+        for child in children:
+            child.join(timeout=60)
+    assert [error for _, _, error in reports] == [None, None], reports
+    assert reports[0][0] == reports[1][0], reports
+    assert sorted(count for _, count, _ in reports) == [0, 1], "both processes converted the file"
+    converted = private_cache / "converted"
+    assert [p.name for p in converted.iterdir()] == [Path(reports[0][0]).name]  # no temporaries left
+    assert_valid_conversion(path, model)
+
+
+def test_prepare_model_files_converts_before_anything_loads(tmp_path, private_cache):
+    """What `serve --replicas` runs once before Serve starts the replicas: the pull and the conversion."""
+    from specdecode.build import prepare_model_files
+    from specdecode.models.loader import _converted_dir
+
+    path, _ = tiny_gguf(tmp_path)
+    assert prepare_model_files({"model": str(path), "draft": "none"}) == [str(path)]
+    assert (_converted_dir(path) / "config.json").is_file()
 
 
 # --------------------------------------------------------------------------- corrupt files
