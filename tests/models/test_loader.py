@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import multiprocessing
+import os
 import shutil
 import time
 from pathlib import Path
@@ -265,6 +266,162 @@ def test_prepare_model_files_converts_before_anything_loads(tmp_path, private_ca
     path, _ = tiny_gguf(tmp_path)
     assert prepare_model_files({"model": str(path), "draft": "none"}) == [str(path)]
     assert (_converted_dir(path) / "config.json").is_file()
+
+
+def test_two_files_of_the_same_name_and_size_get_their_own_conversions(tmp_path, private_cache):
+    """Two fine-tunes saved as model.gguf in two folders, same size, same second: the cache keyed by file name,
+    size and whole-second mtime gave the second one the first one's weights."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, first_model = tiny_gguf(tmp_path / "a", "model.gguf", seed=71)
+    second, second_model = tiny_gguf(tmp_path / "b", "model.gguf", seed=72)
+    assert first.stat().st_size == second.stat().st_size
+    second_time = first.stat().st_mtime_ns // 10**9 * 10**9
+    for path in (first, second):
+        os.utime(path, ns=(second_time, second_time))
+    assert_valid_conversion(first, first_model)
+    assert_valid_conversion(second, second_model)
+
+
+def test_a_file_replaced_within_the_same_second_is_converted_again(tmp_path, private_cache):
+    path, old_model = tiny_gguf(tmp_path, seed=73)
+    second_time = path.stat().st_mtime_ns // 10**9 * 10**9
+    os.utime(path, ns=(second_time, second_time))
+    assert_valid_conversion(path, old_model)
+    _, new_model = tiny_gguf(tmp_path, seed=74)  # the same name and size, 0.3 s later within that second
+    os.utime(path, ns=(second_time + 300_000_000,) * 2)
+    assert_valid_conversion(path, new_model)
+
+
+def fake_registry_file(monkeypatch, cache, tmp_path, sha=None):
+    """A registry entry whose cached file is a tiny GGUF (already in the cache: nothing to pull)."""
+    import hashlib
+
+    from specdecode import registry
+    from specdecode.registry import RegistryEntry
+
+    source, model = tiny_gguf(tmp_path, "tiny-registered.gguf", seed=75)
+    cached = cache / "models" / source.name
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, cached)
+    data = cached.read_bytes()
+    entry = RegistryEntry("tiny-registered", "test", cached.name, len(data), sha or hashlib.sha256(data).hexdigest(), ())
+    monkeypatch.setitem(registry.REGISTRY, entry.name, entry)
+    return entry, model
+
+
+def test_a_registry_file_that_fails_its_sha256_is_refused_when_converted(tmp_path, private_cache, monkeypatch):
+    """A cached registry file is taken on its size alone; converting reads it whole, so its sha256 is checked then."""
+    entry, _ = fake_registry_file(monkeypatch, private_cache, tmp_path, sha="0" * 64)
+    with pytest.raises(ModelError, match="fails its sha256 check for tiny-registered"):
+        load_model(entry.name, device="cpu", max_context=64)
+    converted = private_cache / "converted"
+    assert not any(converted.iterdir()), "a file that failed its check was converted"
+
+
+def test_a_registry_file_with_the_right_sha256_converts(tmp_path, private_cache, monkeypatch):
+    entry, model = fake_registry_file(monkeypatch, private_cache, tmp_path)
+    loaded = load_model(entry.name, device="cpu", max_context=64)
+    tokens = torch.tensor([1, 50, 7])
+    assert torch.equal(loaded.model(tokens, loaded.model.new_cache(8)), model(tokens, model.new_cache(8)))
+
+
+def no_space(*args, **kwargs):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_while_saving_blocks_leaves_no_temporary(tmp_path, private_cache, monkeypatch):
+    """A folder converted by an older version gets its blocks file on first load; a full disk left the partial
+    `.gguf_blocks-*.tmp` (GBs for the real target) behind for good."""
+    from specdecode.models import loader
+
+    path, _ = tiny_gguf(tmp_path)
+    folder = loader.convert_gguf(path, quiet=True)
+    (folder / loader.BLOCKS_FILE).unlink()
+    config = loader.ModelConfig(**json.loads((folder / "config.json").read_text()))
+
+    def save_half_then_fail(blocks, target):
+        target.write_bytes(b"\0" * 4096)
+        no_space()
+
+    monkeypatch.setattr(loader, "_save_blocks", save_half_then_fail)
+    with pytest.raises(ModelError, match="no space left"):
+        loader._read_blocks(path, folder, config)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "tokenizer", "weights.safetensors"]
+
+
+def test_a_full_disk_while_converting_is_a_model_error_and_leaves_no_temporary(tmp_path, private_cache, monkeypatch):
+    import safetensors.torch
+
+    path, _ = tiny_gguf(tmp_path)
+    monkeypatch.setattr(safetensors.torch, "save_file", no_space)
+    with pytest.raises(ModelError, match="no space left on the device of .*converting tiny.gguf"):
+        load_model(str(path), device="cpu")
+    assert not any((private_cache / "converted").iterdir())
+
+
+def _convert_and_hang(path: str) -> None:
+    """In a spawned process: convert `path`, stopping for good after the weights are written (to be SIGKILLed)."""
+    from specdecode.models import loader
+
+    loader._save_blocks = lambda blocks, target: time.sleep(600)
+    loader.convert_gguf(Path(path), quiet=True)
+
+
+def test_a_conversion_killed_midway_leaves_a_temporary_that_the_next_one_removes(tmp_path, private_cache):
+    """SIGKILL runs no `finally`: its `.convert*` folder (GBs) stayed for good. The next conversion sees that the
+    owner is gone, removes it, and converts (the dead process's flock is gone with it)."""
+    path, model = tiny_gguf(tmp_path)
+    converted = private_cache / "converted"
+    child = multiprocessing.get_context("spawn").Process(target=_convert_and_hang, args=(str(path),))
+    child.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not list(converted.glob(".convert*/weights.safetensors")):
+            assert child.is_alive() and time.monotonic() < deadline, "the child never started converting"
+            time.sleep(0.1)
+    finally:
+        child.kill()
+        child.join(timeout=30)
+    assert list(converted.glob(".convert*")), "the killed conversion left no temporary"
+    assert_valid_conversion(path, model)
+    assert not list(converted.glob(".convert*"))
+
+
+def test_the_sweep_removes_old_temporaries_and_those_of_dead_owners_only(tmp_path, monkeypatch):
+    """Older temporaries carry no owner: an hour untouched makes them stale. One named by a live process stays."""
+    import subprocess
+    import sys
+
+    from specdecode import cachefiles
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    hour_ago = time.time() - 2 * cachefiles.STALE_AFTER_S
+    names = {
+        "dead owner": f".convert~{dead.pid}@{cachefiles.PID_SPACE}~abc",
+        "live owner, old": cachefiles.temp_prefix(".convert") + "def",
+        "other host": ".convert~1@00000000~ghi",
+        "old format, old": ".convert-jkl",
+        "old format, fresh": ".convert-mno",
+        "blocks, dead owner": f".gguf_blocks-v2.safetensors~{dead.pid}@{cachefiles.PID_SPACE}~.tmp",
+        "not a temporary": "model-0123456789abcdef",
+    }
+    for kind, name in names.items():
+        if kind.startswith("blocks"):
+            (tmp_path / name).write_bytes(b"x")
+        else:
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "weights.safetensors").write_bytes(b"x")
+    for kind in ("live owner, old", "old format, old", "not a temporary"):
+        for target in [tmp_path / names[kind], *(tmp_path / names[kind]).iterdir()]:
+            os.utime(target, (hour_ago, hour_ago))
+    removed = {p.name for p in cachefiles.sweep(tmp_path)}
+    # an hour untouched is stale whoever owns it (a live process's temporary is written to continuously)
+    assert removed == {names[k] for k in ("dead owner", "live owner, old", "old format, old", "blocks, dead owner")}
+    assert {p.name for p in tmp_path.iterdir()} == {names[k] for k in ("other host", "old format, fresh", "not a temporary")}
 
 
 # --------------------------------------------------------------------------- corrupt files
