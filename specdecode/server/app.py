@@ -375,7 +375,8 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
         body = {"status": state.pop("status"), "model": model_name, "drafters": backend.drafters,
                 "default_drafter": backend.default_drafter, "max_context": backend.max_context,
                 "auth": bool(api_key), **state}
-        return JSONResponse(body, status_code=503 if body["status"] == "unavailable" else 200)
+        # Draining or shutting down: 503, so that load balancers stop sending while the work in flight finishes.
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.get("/metrics")
     async def prometheus_metrics():

@@ -145,7 +145,9 @@ class Scheduler:
         self.max_k = max_k
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdecode-engine")
         self.running: list[Job] = []
-        self.shutting_down = False
+        self.shutting_down = False  # refusing new work: draining (finishing what it has) or shutting down
+        self.draining = False
+        self._shut_down = False  # begin_shutdown ran
         self._halt = False  # read by the engine thread between steps: stop whatever is running
         self.completed = 0
         self._service_time = 2.0  # moving average of seconds per generation, for Retry-After
@@ -203,10 +205,11 @@ class Scheduler:
                 log.exception("warm-up calibration of %s failed", name)
 
     def begin_shutdown(self) -> None:
-        """Refuse new work, fail the queued requests, cancel the one in flight. Event-loop thread only."""
-        if self.shutting_down:
+        """Refuse new work, fail the queued requests, cancel the one in flight. Event-loop thread only. Also after
+        begin_drain (the grace period over): a drain refuses new work but must not make this a no-op."""
+        if self._shut_down:
             return
-        self.shutting_down = True
+        self._shut_down = self.shutting_down = True
         self._halt = True
         for job in self.queue.drain():
             job.cancel("shutdown")
@@ -220,7 +223,15 @@ class Scheduler:
 
     def begin_drain(self) -> None:
         """Refuse new work (503 with Retry-After) but finish the running and queued requests."""
+        self.draining = True
         self.shutting_down = True
+
+    @property
+    def state(self) -> str:
+        """"ok", "draining" (finishing its requests, taking no new ones) or "shutting_down" (cutting them)."""
+        if self._halt or self._shut_down:
+            return "shutting_down"
+        return "draining" if self.draining else ("shutting_down" if self.shutting_down else "ok")
 
     def idle(self) -> bool:
         return not self.running and len(self.queue) == 0

@@ -200,3 +200,25 @@ def test_warmup_measures_every_offered_drafter_before_the_first_request():
     assert "draft" in engine.tuner.costs.draft
     result = engine.generate([1, 2, 3, 1, 2], drafter="lookup", max_new_tokens=4)
     assert not any("measured target/draft costs" in note for note in result.stats.notes)
+
+
+def test_health_answers_503_while_draining_and_while_shutting_down():
+    """Load balancers kept sending to a draining server that answered /health 200."""
+    from starlette.testclient import TestClient
+
+    from specdecode.server.app import create_app
+
+    app = create_app(tiny_engine(), "none", "fake")
+    scheduler = app.state.scheduler
+    client = TestClient(app)  # no lifespan: /health needs no worker
+    try:
+        ok = client.get("/health")
+        assert ok.status_code == 200 and ok.json()["status"] == "ok"
+        scheduler.begin_drain()
+        draining = client.get("/health")
+        assert draining.status_code == 503 and draining.json()["status"] == "draining"
+        scheduler.begin_shutdown()
+        down = client.get("/health")
+        assert down.status_code == 503 and down.json()["status"] == "shutting_down"
+    finally:
+        scheduler.close()
