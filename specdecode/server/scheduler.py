@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -149,6 +150,9 @@ class Scheduler:
         self.draining = False
         self._shut_down = False  # begin_shutdown ran
         self._halt = False  # read by the engine thread between steps: stop whatever is running
+        # Held while a job moves from the queue to `running`, so that idle() (the drain's thread) never sees it
+        # in neither place. Never taken by anything a signal handler calls.
+        self._moving = threading.Lock()
         self.completed = 0
         self._service_time = 2.0  # moving average of seconds per generation, for Retry-After
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -234,7 +238,9 @@ class Scheduler:
         return "draining" if self.draining else ("shutting_down" if self.shutting_down else "ok")
 
     def idle(self) -> bool:
-        return not self.running and len(self.queue) == 0
+        """No request queued or running. Safe from another thread (the drain's): a job being admitted counts."""
+        with self._moving:
+            return not self.running and len(self.queue) == 0
 
     def begin_shutdown_threadsafe(self) -> None:
         """For signal handlers: flag at once (the running generation polls it), clean up on the loop."""
@@ -255,7 +261,7 @@ class Scheduler:
             except Exception as exc:  # a bug or a device error in the pass: fail its requests, keep serving
                 log.exception("generation failed")
                 error = ApiError(500, f"generation failed: {type(exc).__name__}: {exc}", code="generation_failed")
-                messages = [(job, ("error", error)) for job in self.running + admitted]
+                messages = [(job, ("error", error)) for job in list(self.running)]  # the admitted are running too
                 self.batch.abandon()
             for job, message in messages:
                 self._deliver(job, message)
@@ -264,13 +270,14 @@ class Scheduler:
         """Jobs that join the batch at the next pass: as many as it has free slots for, fairly across clients."""
         jobs = []
         while len(self.queue) and len(self.running) + len(jobs) < self.max_batch:
-            job = self.queue.get_nowait()
-            if job.cancel_reason is not None:
-                job.state = "done"
-                continue
-            job.state, job.started = "running", time.perf_counter()
+            with self._moving:  # off the queue and into `running` at once, as idle() sees it
+                job = self.queue.get_nowait()
+                if job.cancel_reason is not None:
+                    job.state = "done"
+                    continue
+                job.state, job.started = "running", time.perf_counter()
+                self.running.append(job)
             self.metrics.queue_wait.observe(job.started - job.arrived)
-            self.running.append(job)
             jobs.append(job)
         self.metrics.queue_depth.set(len(self.queue))
         self.metrics.running.set(len(self.running))
