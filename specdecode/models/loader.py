@@ -264,6 +264,8 @@ def load_model(
         _check_gguf_header(path)  # a bad file is reported before the kernel is compiled for it
         folder = convert_gguf(path)
     dtype = _available_precision(dtype, device)
+    if dtype == "int8":
+        kernels.check_quant_isa()  # an instruction set this CPU lacks fails here, not in every request
     quantize = dtype if dtype in QUANTIZED else None
     weight_dtype = torch.float32 if quantize else DTYPES[dtype]
     blocks = 0

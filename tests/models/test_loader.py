@@ -544,6 +544,22 @@ def test_smollm2_in_int8_reads_its_gguf_blocks_and_is_close_to_float32(smollm2):
     assert agree >= 0.7, agree
 
 
+def test_an_instruction_set_the_cpu_lacks_is_a_model_error_at_load(monkeypatch):
+    """SPECDECODE_ISA=amx on a CPU without AMX (as the kernel reports its paths): refused by load_model, not
+    loaded to fail in every product."""
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    monkeypatch.setattr(kernels.weights, "QUANT_ISA", "amx")
+    monkeypatch.setattr(kernels.weights, "quant_isa_paths", lambda: ["avx2"], raising=False)
+    with pytest.raises(ModelError, match="SPECDECODE_ISA=amx: this CPU lacks"):
+        load_model(SMOLLM2, device="cpu", dtype="int8", max_context=64)
+    monkeypatch.setattr(kernels.weights, "QUANT_ISA", "avx-512")
+    with pytest.raises(ModelError, match="names no instruction-set path"):
+        load_model(SMOLLM2, device="cpu", dtype="int8", max_context=64)
+
+
 def test_an_unknown_dtype_is_a_clear_error():
     with pytest.raises(ModelError, match="unknown dtype 'int3'.*int8"):
         load_model(SMOLLM2, device="cpu", dtype="int3")
