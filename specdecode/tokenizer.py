@@ -5,6 +5,8 @@ import functools
 import hashlib
 from dataclasses import dataclass, field
 
+from .errors import ChatTemplateError
+
 
 @dataclass
 class Tokenizer:
@@ -45,7 +47,15 @@ class Tokenizer:
         return self.hf.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def chat_prompt(self, messages: list[dict]) -> str:
-        return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        """The template's text for these messages. A template that refuses them (its raise_exception: roles that
+        do not alternate, a system message where none is allowed) or fails on them is a ChatTemplateError."""
+        from jinja2 import TemplateError
+
+        try:
+            return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            raise ChatTemplateError(f"the model's chat template cannot render these messages ({type(exc).__name__}:"
+                                    f" {exc})") from None
 
     def fingerprint(self) -> str:
         """Identity of the vocabulary: two models can speculate for each other only if these agree."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..batch import BatchEngine, Ticket
 from ..drafters.registry import available_drafters
-from ..errors import InputError, SpecDecodeError
+from ..errors import ChatTemplateError, InputError, SpecDecodeError
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest
@@ -335,7 +335,8 @@ class Scheduler:
         try:  # the engine checks token ids and emptiness; the API names the field at fault
             return self.engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
         except InputError as exc:
-            raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code="invalid_prompt") from None
+            code = "chat_template_error" if isinstance(exc, ChatTemplateError) else "invalid_prompt"
+            raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code=code) from None
 
     def _begin(self, job: Job) -> int:
         """Engine thread: check the limits and queue the request in the batch (the engine validates eagerly).
