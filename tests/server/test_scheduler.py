@@ -174,7 +174,10 @@ def test_shutdown_fails_queued_jobs_and_cancels_the_running_one():
 
 def test_queue_full_is_a_429_with_retry_after():
     async def scenario():
-        scheduler = Scheduler(tiny_engine(), "none", 1, ServerMetrics("fake"))
+        # A batch of one: its free place counts as room too (the queue bound counts free batch places), so the
+        # queue of one is full after two.
+        scheduler = Scheduler(tiny_engine(), "none", 1, ServerMetrics("fake"), max_batch=1)
+        scheduler.submit(Job(request(), user_key="a"))
         scheduler.submit(Job(request(), user_key="a"))
         with pytest.raises(ApiError) as err:
             scheduler.submit(Job(request(), user_key="b"))
