@@ -96,6 +96,30 @@ def build_engine(options, need_draft: bool = True, with_draft_model: bool = Fals
                   allow_inexact=options.allow_inexact), "draft"
 
 
+def prepare_model_files(options) -> list[str]:
+    """Pull and convert, in this process, the model files build_engine(options) will load, so that N replicas
+    starting together find them ready instead of each downloading and converting them. Returns their names."""
+    import torch
+
+    from .drafters.registry import DRAFTERS
+    from .models.loader import default_device, prepare_model_file
+
+    if not isinstance(options, EngineOptions):
+        options = EngineOptions(**options) if isinstance(options, dict) else EngineOptions.from_args(options)
+    specs = [options.model]
+    drafter = options.draft or "auto"
+    if drafter not in DRAFTERS:
+        specs.append(drafter)  # a draft model by name or path
+    elif drafter == "auto" and options.model == registry.DEFAULT_TARGET:
+        # default_draft_model's rule before any model is loaded: the int8 target on a CPU drafts by copying.
+        device = torch.device(options.device) if options.device else default_device()
+        if not (options.precision == "int8" and device.type == "cpu"):
+            specs.append(registry.DEFAULT_DRAFT)
+    for spec in specs:
+        prepare_model_file(spec)
+    return specs
+
+
 def _load_draft(spec: str, options: EngineOptions, target):
     from .errors import UnsupportedDtype
     from .models.loader import load_model

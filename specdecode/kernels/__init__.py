@@ -27,9 +27,12 @@ from .weights import (
     Q6_K_X16,
     Q8_0,
     QUANT_ISA,
+    QUANT_ISAS,
     QUANT_KERNEL_TYPES,
     SKINNY_MAX_ROWS,
     GGUFWeight,
     QuantWeight,
+    check_quant_isa,
     gguf_blocks_enabled,
+    quant_isa_paths,
 )

@@ -5,6 +5,7 @@ import os
 
 import torch
 
+from ..errors import ModelError
 from . import native
 from .native import load_kernel
 
@@ -37,6 +38,27 @@ _DEINTERLEAVED = {x16: source for source, x16 in INTERLEAVED.items()}
 # as VNNI) where the CPU and Linux allow it, else AVX-512 VNNI where present, else AVX2. All give the same bits;
 # SPECDECODE_ISA=avx512-vnni or avx2 forces that path (for A/B timing).
 QUANT_ISA = os.environ.get("SPECDECODE_ISA", "auto")
+QUANT_ISAS = ("auto", "avx2", "avx512-vnni", "amx")
+
+
+def quant_isa_paths() -> list[str]:
+    """The instruction-set paths the int8 kernel runs on this CPU, as the kernel reports them (none without it)."""
+    kernel = load_kernel()
+    return list(kernel.quant_isa_paths()) if kernel is not None else []
+
+
+def check_quant_isa() -> None:
+    """Refuse at load a SPECDECODE_ISA the int8 kernel cannot run here: the model would load, then fail every
+    product (every request a 500). A ModelError, so the command line prints it as one line."""
+    if QUANT_ISA not in QUANT_ISAS:
+        raise ModelError(f"SPECDECODE_ISA={QUANT_ISA} names no instruction-set path of the int8 kernel;"
+                         f" choose one of {', '.join(QUANT_ISAS)}")
+    if QUANT_ISA == "auto":
+        return
+    paths = quant_isa_paths()
+    if QUANT_ISA not in paths:
+        raise ModelError(f"SPECDECODE_ISA={QUANT_ISA}: this CPU lacks that instruction set (the int8 kernel runs"
+                         f" {', '.join(paths) or 'nothing'} here); unset SPECDECODE_ISA or choose one of those")
 
 
 def _kernel_layout(block_type: int, blocks: torch.Tensor) -> tuple[int, torch.Tensor]:

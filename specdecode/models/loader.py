@@ -1,8 +1,9 @@
 """One entry point to load a model by registry name, GGUF path or Hugging Face folder."""
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .. import kernels, registry
+from .. import cachefiles, kernels, registry
 from ..errors import ModelError, UnsupportedDtype
 from ..tokenizer import Tokenizer
 from .config import ModelConfig
@@ -55,8 +56,20 @@ def default_device() -> torch.device:
 
 
 def _converted_dir(gguf_path: Path) -> Path:
-    stat = gguf_path.stat()
-    return registry.cache_dir() / "converted" / f"{gguf_path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    """The converted folder of one version of one file, keyed by its full resolved path, its size and its mtime in
+    nanoseconds: two fine-tunes of the same file name and size, or a file replaced within the same second, differ."""
+    resolved = gguf_path.resolve()
+    stat = resolved.stat()
+    identity = f"{resolved}\n{stat.st_size}\n{stat.st_mtime_ns}".encode("utf-8", "surrogateescape")
+    return registry.cache_dir() / "converted" / f"{resolved.stem}-{hashlib.sha256(identity).hexdigest()[:16]}"
+
+
+def _no_space(exc: OSError, folder: Path, what: str) -> ModelError | None:
+    """A full disk as a user's error (the temporaries are gone by then), other OS errors as they are."""
+    if exc.errno != errno.ENOSPC:
+        return None
+    return ModelError(f"no space left on the device of {folder} while {what}; free some space there, or point"
+                      " SPECDECODE_CACHE at a larger disk")
 
 
 def _load_hf_tokenizer(source: Path, gguf_file: str | None = None):
@@ -74,33 +87,58 @@ def convert_gguf(gguf_path: Path, quiet: bool = False) -> Path:
     """Dequantize a GGUF file once into float32 safetensors + tokenizer files; later loads read those.
 
     Dequantizing with the gguf package takes tens of seconds per model; reading the converted file
-    takes a few. The folder appears under its final name only when complete.
+    takes a few. The folder appears under its final name only when complete. One process converts a
+    file at a time (an flock per converted folder): others that start meanwhile (`serve --replicas N`
+    on a fresh machine) wait for it and reuse its folder. Temporaries that a killed conversion left
+    are removed first; a registry model's sha256 is checked while converting it (it is read whole anyway).
     """
+    target = _converted_dir(gguf_path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    cachefiles.sweep(target.parent, (".convert*",))
+    if (target / "config.json").is_file():
+        return target
+    waiting = None if quiet else f"specdecode: waiting for another process converting {gguf_path.name} ..."
+    with cachefiles.locked(cachefiles.lock_path("converted", target.name), waiting):
+        if (target / "config.json").is_file():  # converted by the process we waited for
+            return target
+        _convert_locked(gguf_path, target, quiet)
+    return target
+
+
+def _convert_locked(gguf_path: Path, target: Path, quiet: bool) -> None:
     from safetensors.torch import save_file
 
     from .gguf_loader import load_gguf_model, open_gguf, read_gguf_blocks
 
-    target = _converted_dir(gguf_path)
-    if (target / "config.json").is_file():
-        return target
     if not quiet:
         print(f"specdecode: converting {gguf_path.name} for fast loading (once) ...", file=sys.stderr)
+    _verify_registry_file(gguf_path)
     reader = open_gguf(gguf_path)
     model = load_gguf_model(gguf_path, "cpu", torch.float32, None, reader)
     hf_tok = _load_hf_tokenizer(gguf_path.parent, gguf_path.name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
-        tmp_path = Path(tmp)
+    tmp_path = Path(tempfile.mkdtemp(dir=target.parent, prefix=cachefiles.temp_prefix(".convert")))
+    try:
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp_path / "weights.safetensors"))
         hf_tok.save_pretrained(str(tmp_path / "tokenizer"))
         _save_blocks(read_gguf_blocks(gguf_path, model.config, reader), tmp_path / BLOCKS_FILE)
         (tmp_path / "config.json").write_text(json.dumps(asdict(model.config), indent=1))
-        if target.exists():
+        if target.exists():  # an incomplete folder (no config.json): only a lock holder writes here
             shutil.rmtree(target)
         tmp_path.rename(target)
-        tmp_path.mkdir()  # let TemporaryDirectory clean up an empty folder
-    return target
+    except OSError as exc:
+        raise _no_space(exc, target.parent, f"converting {gguf_path.name}") or exc from None
+    finally:
+        cachefiles.remove_quietly(tmp_path)  # gone already once renamed; a killed process's is swept later
+
+
+def _verify_registry_file(gguf_path: Path) -> None:
+    """A registry model's cached file is taken on its size alone when loaded; its sha256 is checked here, once per
+    conversion, since converting reads the whole file anyway."""
+    entry = registry.entry_for_file(gguf_path)
+    if entry is not None and registry.file_sha256(gguf_path) != entry.sha256:
+        raise ModelError(f"{gguf_path} fails its sha256 check for {entry.name} (the file is corrupt or was changed);"
+                         " delete it and it is pulled again")
 
 
 def _load_converted(folder: Path, device, weight_dtype, max_positions, skip=frozenset()) -> Transformer:
@@ -142,9 +180,15 @@ def _read_blocks(gguf_path: Path, folder: Path, config: ModelConfig) -> dict:
 
     blocks_file = folder / BLOCKS_FILE
     if not blocks_file.is_file():  # converted by an older version
-        tmp = folder / f".{BLOCKS_FILE}-{os.getpid()}.tmp"
-        _save_blocks(read_gguf_blocks(gguf_path, config), tmp)
-        tmp.replace(blocks_file)
+        cachefiles.sweep(folder, (".gguf_blocks-*.tmp",))
+        tmp = folder / (cachefiles.temp_prefix(f".{BLOCKS_FILE}") + ".tmp")
+        try:
+            _save_blocks(read_gguf_blocks(gguf_path, config), tmp)
+            tmp.replace(blocks_file)
+        except OSError as exc:
+            raise _no_space(exc, folder, f"saving the GGUF blocks of {gguf_path.name}") or exc from None
+        finally:
+            cachefiles.remove_quietly(tmp)
     try:
         with safe_open(str(blocks_file), framework="pt") as f:
             types = json.loads(f.metadata()["types"])
@@ -220,6 +264,8 @@ def load_model(
         _check_gguf_header(path)  # a bad file is reported before the kernel is compiled for it
         folder = convert_gguf(path)
     dtype = _available_precision(dtype, device)
+    if dtype == "int8":
+        kernels.check_quant_isa()  # an instruction set this CPU lacks fails here, not in every request
     quantize = dtype if dtype in QUANTIZED else None
     weight_dtype = torch.float32 if quantize else DTYPES[dtype]
     blocks = 0
@@ -256,6 +302,16 @@ def load_model(
     else:
         raise ModelError(f"model path not found: {path}")
     return LoadedModel(name, path, model, tokenizer, used_backend, dtype, time.perf_counter() - started, blocks)
+
+
+def prepare_model_file(name_or_path: str) -> Path:
+    """What load_model does to a model's files before reading them, alone: pull a named model, convert a GGUF
+    file. Run once before several processes load the same model at once (`serve --replicas`)."""
+    path = registry.resolve(name_or_path)
+    if path.is_file():
+        _check_gguf_header(path)
+        convert_gguf(path)
+    return path
 
 
 def _available_precision(dtype: str, device: torch.device) -> str:

@@ -408,7 +408,8 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
         body = {"status": state.pop("status"), "model": model_name, "drafters": backend.drafters,
                 "default_drafter": backend.default_drafter, "max_context": backend.max_context,
                 "auth": bool(api_keys), **state}
-        return JSONResponse(body, status_code=503 if body["status"] == "unavailable" else 200)
+        # Draining, shutting down or no replica ready: 503, so that load balancers stop sending meanwhile.
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.get("/metrics")
     async def prometheus_metrics():

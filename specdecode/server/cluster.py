@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields
 
 from ray import serve
 
-from ..build import EngineOptions
+from ..build import EngineOptions, prepare_model_files
 from .cluster_entry import EntryPoint
 from .cluster_replica import EngineReplica, PrefixAffinityRouter, ReplicaBoard
 
@@ -74,8 +74,12 @@ def build_application(settings: ClusterSettings):
 
 
 def deploy(settings: ClusterSettings, host: str, port: int) -> None:
-    """Start Serve's HTTP proxy on host:port and the application; returns once every replica is ready."""
+    """Pull and convert the models here, once, then start Serve's HTTP proxy on host:port and the application;
+    returns once every replica is ready. (Replicas starting on a fresh machine would otherwise each download
+    and convert the same files at once.)"""
     from ray.serve.schema import LoggingConfig
+
+    prepare_model_files(settings.engine_options)
 
     quiet = LoggingConfig(log_level="WARNING", enable_access_log=False)  # a line per request and board post otherwise
     serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly", logging_config=quiet)

@@ -72,7 +72,7 @@ class LocalBackend:
         return LocalTicket(self.scheduler, job)
 
     async def health(self) -> dict:
-        return {"status": "shutting_down" if self.shutting_down else "ok", **self.scheduler.status()}
+        return {"status": self.scheduler.state, **self.scheduler.status()}
 
     async def metrics_text(self, http_metrics: ServerMetrics) -> bytes:
         return http_metrics.render()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from collections import OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..batch import BatchEngine, Ticket
 from ..drafters.registry import available_drafters
-from ..errors import InputError, SpecDecodeError
+from ..errors import ChatTemplateError, InputError, SpecDecodeError
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest
@@ -147,8 +148,13 @@ class Scheduler:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdecode-engine")
         self.running: list[Job] = []
         self.reserved = 0  # places held for requests being tokenized (reserve), counted against the queue's bound
-        self.shutting_down = False
+        self.shutting_down = False  # refusing new work: draining (finishing what it has) or shutting down
+        self.draining = False
+        self._shut_down = False  # begin_shutdown ran
         self._halt = False  # read by the engine thread between steps: stop whatever is running
+        # Held while a job moves from the queue to `running`, so that idle() (the drain's thread) never sees it
+        # in neither place. Never taken by anything a signal handler calls.
+        self._moving = threading.Lock()
         self.completed = 0
         self._service_time = 2.0  # moving average of seconds per generation, for Retry-After
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -223,10 +229,11 @@ class Scheduler:
                 log.exception("warm-up calibration of %s failed", name)
 
     def begin_shutdown(self) -> None:
-        """Refuse new work, fail the queued requests, cancel the one in flight. Event-loop thread only."""
-        if self.shutting_down:
+        """Refuse new work, fail the queued requests, cancel the one in flight. Event-loop thread only. Also after
+        begin_drain (the grace period over): a drain refuses new work but must not make this a no-op."""
+        if self._shut_down:
             return
-        self.shutting_down = True
+        self._shut_down = self.shutting_down = True
         self._halt = True
         for job in self.queue.drain():
             job.cancel("shutdown")
@@ -240,10 +247,21 @@ class Scheduler:
 
     def begin_drain(self) -> None:
         """Refuse new work (503 with Retry-After) but finish the running and queued requests."""
+        self.draining = True
         self.shutting_down = True
 
+    @property
+    def state(self) -> str:
+        """"ok", "draining" (finishing its requests, taking no new ones) or "shutting_down" (cutting them)."""
+        if self._halt or self._shut_down:
+            return "shutting_down"
+        return "draining" if self.draining else ("shutting_down" if self.shutting_down else "ok")
+
     def idle(self) -> bool:
-        return not self.running and len(self.queue) == 0 and not self.reserved
+        """No request queued, being tokenized or running. Safe from another thread (the drain's): a job being
+        admitted counts."""
+        with self._moving:
+            return not self.running and len(self.queue) == 0 and not self.reserved
 
     def begin_shutdown_threadsafe(self) -> None:
         """For signal handlers: flag at once (the running generation polls it), clean up on the loop."""
@@ -264,7 +282,7 @@ class Scheduler:
             except Exception as exc:  # a bug or a device error in the pass: fail its requests, keep serving
                 log.exception("generation failed")
                 error = ApiError(500, f"generation failed: {type(exc).__name__}: {exc}", code="generation_failed")
-                messages = [(job, ("error", error)) for job in self.running + admitted]
+                messages = [(job, ("error", error)) for job in list(self.running)]  # the admitted are running too
                 self.batch.abandon()
             for job, message in messages:
                 self._deliver(job, message)
@@ -272,14 +290,15 @@ class Scheduler:
     def _admissions(self) -> list[Job]:
         """Jobs that join the batch at the next pass: as many as it has free slots for, fairly across clients."""
         jobs = []
-        while len(self.queue) and len(self.running) + len(jobs) < self.max_batch:
-            job = self.queue.get_nowait()
-            if job.cancel_reason is not None:
-                job.state = "done"
-                continue
-            job.state, job.started = "running", time.perf_counter()
+        while len(self.queue) and len(self.running) < self.max_batch:  # `running` holds the jobs taken so far
+            with self._moving:  # off the queue and into `running` at once, as idle() sees it
+                job = self.queue.get_nowait()
+                if job.cancel_reason is not None:
+                    job.state = "done"
+                    continue
+                job.state, job.started = "running", time.perf_counter()
+                self.running.append(job)
             self.metrics.queue_wait.observe(job.started - job.arrived)
-            self.running.append(job)
             jobs.append(job)
         self.metrics.queue_depth.set(len(self.queue))
         self.metrics.running.set(len(self.running))
@@ -338,7 +357,8 @@ class Scheduler:
         try:  # the engine checks token ids and emptiness; the API names the field at fault
             return self.engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
         except InputError as exc:
-            raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code="invalid_prompt") from None
+            code = "chat_template_error" if isinstance(exc, ChatTemplateError) else "invalid_prompt"
+            raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code=code) from None
 
     def _begin(self, job: Job) -> int:
         """Engine thread: check the limits and queue the request in the batch (the engine validates eagerly).

@@ -1,7 +1,11 @@
 """Loading: GGUF files (tiny ones written here, and the real smollm2), HF folders, and clear errors."""
 import dataclasses
 import json
+import multiprocessing
+import os
 import shutil
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,8 +38,22 @@ def llama_cpp_permute(weights: np.ndarray, n_heads: int) -> np.ndarray:
     return weights.reshape(n_heads, 2, weights.shape[0] // n_heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
-def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None):
-    """quant: a gguf.GGMLQuantizationType for every matrix (norms and biases stay float32)."""
+def add_byte_tokenizer(writer, vocab_size: int) -> None:
+    """A byte-level BPE vocabulary without merges (token i spells byte i; vocab_size <= 256): enough for
+    transformers to build the tokenizer a conversion saves, so a tiny file loads like a real one."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    spelling = bytes_to_unicode()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([spelling[b] for b in range(vocab_size)])
+    writer.add_token_types([1] * vocab_size)
+    writer.add_token_scores([0.0] * vocab_size)
+    writer.add_eos_token_id(vocab_size - 1)
+
+
+def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, tokenizer=False):
+    """quant: a gguf.GGMLQuantizationType for every matrix (norms and biases stay float32).
+    tokenizer: add a byte-level vocabulary (the tiny models' 256 tokens) so that load_model can convert it."""
     import gguf
 
     c = model.config
@@ -49,6 +67,8 @@ def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None):
     writer.add_head_count_kv(c.n_kv_heads)
     writer.add_rope_freq_base(c.rope_theta)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    if tokenizer:
+        add_byte_tokenizer(writer, c.vocab_size)
 
     def add(name, tensor):
         if name in skip:
@@ -172,6 +192,238 @@ def test_gguf_without_tokenizer_metadata_is_a_model_error(tmp_path, private_cach
     assert not converted.exists() or not any(p.name.startswith("notok") for p in converted.iterdir())
 
 
+# --------------------------------------------------------------------------- the conversion cache
+def tiny_gguf(tmp_path, name="tiny.gguf", seed=70):
+    """A tiny llama GGUF with a tokenizer: load_model converts and loads it like a real file."""
+    model = make_tiny_model(seed=seed)
+    return write_gguf(tmp_path / name, model, tokenizer=True), model
+
+
+def assert_valid_conversion(path, model):
+    """The file loads (from its converted folder) as the model it was written from."""
+    loaded = load_model(str(path), device="cpu", max_context=64)
+    tokens = torch.tensor([1, 50, 7, 200, 3])
+    assert torch.equal(loaded.model(tokens, loaded.model.new_cache(8)), model(tokens, model.new_cache(8)))
+    return loaded
+
+
+def test_a_tiny_gguf_with_a_tokenizer_converts_and_loads(tmp_path, private_cache):
+    path, model = tiny_gguf(tmp_path)
+    loaded = assert_valid_conversion(path, model)
+    assert loaded.tokenizer.decode(loaded.tokenizer.encode("hi there")) == "hi there"
+
+
+def _convert_in_child(path: str, barrier, results) -> None:
+    """In a spawned process: wait for the other one, then convert `path` as load_model does, slowly enough
+    that the two overlap; report the folder and whether this process dequantized the file itself."""
+    from specdecode.models import gguf_loader, loader
+
+    dequantized = []
+    real = gguf_loader.load_gguf_model
+
+    def slow_load(*args, **kwargs):
+        dequantized.append(True)
+        model = real(*args, **kwargs)
+        time.sleep(1.5)
+        return model
+
+    gguf_loader.load_gguf_model = slow_load
+    try:
+        barrier.wait(timeout=120)
+        folder = loader.convert_gguf(Path(path), quiet=True)
+        results.put((str(folder), len(dequantized), None))
+    except Exception as exc:  # reported, not raised: the parent asserts on it
+        results.put((None, len(dequantized), f"{type(exc).__name__}: {exc}"))
+
+
+def test_two_processes_converting_the_same_file_at_once_share_one_conversion(tmp_path, private_cache):
+    """`serve --replicas 2` on a fresh machine: both replicas convert the same file at the same moment. One
+    converts; the other waits for it (an flock per converted folder) and reuses its folder; both end valid."""
+    path, model = tiny_gguf(tmp_path)
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(2), context.Queue()
+    children = [context.Process(target=_convert_in_child, args=(str(path), barrier, results)) for _ in range(2)]
+    for child in children:
+        child.start()
+    try:
+        reports = [results.get(timeout=300) for _ in children]
+    finally:
+        for child in children:
+            child.join(timeout=60)
+    assert [error for _, _, error in reports] == [None, None], reports
+    assert reports[0][0] == reports[1][0], reports
+    assert sorted(count for _, count, _ in reports) == [0, 1], "both processes converted the file"
+    converted = private_cache / "converted"
+    assert [p.name for p in converted.iterdir()] == [Path(reports[0][0]).name]  # no temporaries left
+    assert_valid_conversion(path, model)
+
+
+def test_prepare_model_files_converts_before_anything_loads(tmp_path, private_cache):
+    """What `serve --replicas` runs once before Serve starts the replicas: the pull and the conversion."""
+    from specdecode.build import prepare_model_files
+    from specdecode.models.loader import _converted_dir
+
+    path, _ = tiny_gguf(tmp_path)
+    assert prepare_model_files({"model": str(path), "draft": "none"}) == [str(path)]
+    assert (_converted_dir(path) / "config.json").is_file()
+
+
+def test_two_files_of_the_same_name_and_size_get_their_own_conversions(tmp_path, private_cache):
+    """Two fine-tunes saved as model.gguf in two folders, same size, same second: the cache keyed by file name,
+    size and whole-second mtime gave the second one the first one's weights."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, first_model = tiny_gguf(tmp_path / "a", "model.gguf", seed=71)
+    second, second_model = tiny_gguf(tmp_path / "b", "model.gguf", seed=72)
+    assert first.stat().st_size == second.stat().st_size
+    second_time = first.stat().st_mtime_ns // 10**9 * 10**9
+    for path in (first, second):
+        os.utime(path, ns=(second_time, second_time))
+    assert_valid_conversion(first, first_model)
+    assert_valid_conversion(second, second_model)
+
+
+def test_a_file_replaced_within_the_same_second_is_converted_again(tmp_path, private_cache):
+    path, old_model = tiny_gguf(tmp_path, seed=73)
+    second_time = path.stat().st_mtime_ns // 10**9 * 10**9
+    os.utime(path, ns=(second_time, second_time))
+    assert_valid_conversion(path, old_model)
+    _, new_model = tiny_gguf(tmp_path, seed=74)  # the same name and size, 0.3 s later within that second
+    os.utime(path, ns=(second_time + 300_000_000,) * 2)
+    assert_valid_conversion(path, new_model)
+
+
+def fake_registry_file(monkeypatch, cache, tmp_path, sha=None):
+    """A registry entry whose cached file is a tiny GGUF (already in the cache: nothing to pull)."""
+    import hashlib
+
+    from specdecode import registry
+    from specdecode.registry import RegistryEntry
+
+    source, model = tiny_gguf(tmp_path, "tiny-registered.gguf", seed=75)
+    cached = cache / "models" / source.name
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, cached)
+    data = cached.read_bytes()
+    entry = RegistryEntry("tiny-registered", "test", cached.name, len(data), sha or hashlib.sha256(data).hexdigest(), ())
+    monkeypatch.setitem(registry.REGISTRY, entry.name, entry)
+    return entry, model
+
+
+def test_a_registry_file_that_fails_its_sha256_is_refused_when_converted(tmp_path, private_cache, monkeypatch):
+    """A cached registry file is taken on its size alone; converting reads it whole, so its sha256 is checked then."""
+    entry, _ = fake_registry_file(monkeypatch, private_cache, tmp_path, sha="0" * 64)
+    with pytest.raises(ModelError, match="fails its sha256 check for tiny-registered"):
+        load_model(entry.name, device="cpu", max_context=64)
+    converted = private_cache / "converted"
+    assert not any(converted.iterdir()), "a file that failed its check was converted"
+
+
+def test_a_registry_file_with_the_right_sha256_converts(tmp_path, private_cache, monkeypatch):
+    entry, model = fake_registry_file(monkeypatch, private_cache, tmp_path)
+    loaded = load_model(entry.name, device="cpu", max_context=64)
+    tokens = torch.tensor([1, 50, 7])
+    assert torch.equal(loaded.model(tokens, loaded.model.new_cache(8)), model(tokens, model.new_cache(8)))
+
+
+def no_space(*args, **kwargs):
+    import errno
+
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_while_saving_blocks_leaves_no_temporary(tmp_path, private_cache, monkeypatch):
+    """A folder converted by an older version gets its blocks file on first load; a full disk left the partial
+    `.gguf_blocks-*.tmp` (GBs for the real target) behind for good."""
+    from specdecode.models import loader
+
+    path, _ = tiny_gguf(tmp_path)
+    folder = loader.convert_gguf(path, quiet=True)
+    (folder / loader.BLOCKS_FILE).unlink()
+    config = loader.ModelConfig(**json.loads((folder / "config.json").read_text()))
+
+    def save_half_then_fail(blocks, target):
+        target.write_bytes(b"\0" * 4096)
+        no_space()
+
+    monkeypatch.setattr(loader, "_save_blocks", save_half_then_fail)
+    with pytest.raises(ModelError, match="no space left"):
+        loader._read_blocks(path, folder, config)
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "tokenizer", "weights.safetensors"]
+
+
+def test_a_full_disk_while_converting_is_a_model_error_and_leaves_no_temporary(tmp_path, private_cache, monkeypatch):
+    import safetensors.torch
+
+    path, _ = tiny_gguf(tmp_path)
+    monkeypatch.setattr(safetensors.torch, "save_file", no_space)
+    with pytest.raises(ModelError, match="no space left on the device of .*converting tiny.gguf"):
+        load_model(str(path), device="cpu")
+    assert not any((private_cache / "converted").iterdir())
+
+
+def _convert_and_hang(path: str) -> None:
+    """In a spawned process: convert `path`, stopping for good after the weights are written (to be SIGKILLed)."""
+    from specdecode.models import loader
+
+    loader._save_blocks = lambda blocks, target: time.sleep(600)
+    loader.convert_gguf(Path(path), quiet=True)
+
+
+def test_a_conversion_killed_midway_leaves_a_temporary_that_the_next_one_removes(tmp_path, private_cache):
+    """SIGKILL runs no `finally`: its `.convert*` folder (GBs) stayed for good. The next conversion sees that the
+    owner is gone, removes it, and converts (the dead process's flock is gone with it)."""
+    path, model = tiny_gguf(tmp_path)
+    converted = private_cache / "converted"
+    child = multiprocessing.get_context("spawn").Process(target=_convert_and_hang, args=(str(path),))
+    child.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not list(converted.glob(".convert*/weights.safetensors")):
+            assert child.is_alive() and time.monotonic() < deadline, "the child never started converting"
+            time.sleep(0.1)
+    finally:
+        child.kill()
+        child.join(timeout=30)
+    assert list(converted.glob(".convert*")), "the killed conversion left no temporary"
+    assert_valid_conversion(path, model)
+    assert not list(converted.glob(".convert*"))
+
+
+def test_the_sweep_removes_old_temporaries_and_those_of_dead_owners_only(tmp_path, monkeypatch):
+    """Older temporaries carry no owner: an hour untouched makes them stale. One named by a live process stays."""
+    import subprocess
+    import sys
+
+    from specdecode import cachefiles
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    hour_ago = time.time() - 2 * cachefiles.STALE_AFTER_S
+    names = {
+        "dead owner": f".convert~{dead.pid}@{cachefiles.PID_SPACE}~abc",
+        "live owner, old": cachefiles.temp_prefix(".convert") + "def",
+        "other host": ".convert~1@00000000~ghi",
+        "old format, old": ".convert-jkl",
+        "old format, fresh": ".convert-mno",
+        "blocks, dead owner": f".gguf_blocks-v2.safetensors~{dead.pid}@{cachefiles.PID_SPACE}~.tmp",
+        "not a temporary": "model-0123456789abcdef",
+    }
+    for kind, name in names.items():
+        if kind.startswith("blocks"):
+            (tmp_path / name).write_bytes(b"x")
+        else:
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "weights.safetensors").write_bytes(b"x")
+    for kind in ("live owner, old", "old format, old", "not a temporary"):
+        for target in [tmp_path / names[kind], *(tmp_path / names[kind]).iterdir()]:
+            os.utime(target, (hour_ago, hour_ago))
+    removed = {p.name for p in cachefiles.sweep(tmp_path)}
+    # an hour untouched is stale whoever owns it (a live process's temporary is written to continuously)
+    assert removed == {names[k] for k in ("dead owner", "live owner, old", "old format, old", "blocks, dead owner")}
+    assert {p.name for p in tmp_path.iterdir()} == {names[k] for k in ("other host", "old format, fresh", "not a temporary")}
+
+
 # --------------------------------------------------------------------------- corrupt files
 @pytest.mark.parametrize("keep_bytes", [1_000_000, 60_000_000], ids=["1MB", "60MB-metadata-intact"])
 def test_truncated_gguf_is_a_model_error(tmp_path, private_cache, keep_bytes):
@@ -290,6 +542,22 @@ def test_smollm2_in_int8_reads_its_gguf_blocks_and_is_close_to_float32(smollm2):
     low_logits = low.model(tokens, low.model.new_cache(64))
     agree = (high_logits.argmax(-1) == low_logits.argmax(-1)).float().mean().item()
     assert agree >= 0.7, agree
+
+
+def test_an_instruction_set_the_cpu_lacks_is_a_model_error_at_load(monkeypatch):
+    """SPECDECODE_ISA=amx on a CPU without AMX (as the kernel reports its paths): refused by load_model, not
+    loaded to fail in every product."""
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    monkeypatch.setattr(kernels.weights, "QUANT_ISA", "amx")
+    monkeypatch.setattr(kernels.weights, "quant_isa_paths", lambda: ["avx2"], raising=False)
+    with pytest.raises(ModelError, match="SPECDECODE_ISA=amx: this CPU lacks"):
+        load_model(SMOLLM2, device="cpu", dtype="int8", max_context=64)
+    monkeypatch.setattr(kernels.weights, "QUANT_ISA", "avx-512")
+    with pytest.raises(ModelError, match="names no instruction-set path"):
+        load_model(SMOLLM2, device="cpu", dtype="int8", max_context=64)
 
 
 def test_an_unknown_dtype_is_a_clear_error():

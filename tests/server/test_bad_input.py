@@ -219,3 +219,20 @@ def test_metrics_has_its_own_key(models):
     assert http.get("/docs", headers=bearer("api")).status_code == 200
     assert http.get("/v1/models", headers=bearer("ops")).status_code == 401
     assert http.get("/v1/models", headers=bearer("api")).status_code == 200
+
+
+@pytest.mark.parametrize("template, fragment", [
+    ("{{ raise_exception('Conversation roles must alternate user/assistant') }}", "roles must alternate"),
+    ("{% for m in messages %}{{ m.content | no_such_filter }}{% endfor %}", "no_such_filter"),
+    ("{% for m in messages %}{{ m.content + 1 }}{% endfor %}", "TypeError"),
+], ids=["raise_exception", "broken template", "type error"])
+def test_a_chat_template_that_raises_is_a_400_that_says_so(live_server, monkeypatch, template, fragment):
+    """A template refusing the messages (or failing on them) answered 500 'internal error: TemplateError'."""
+    monkeypatch.setattr(live_server.engine.tokenizer.hf, "chat_template", template)
+    response = httpx.post(live_server.api_url + "/chat/completions", json=CHAT, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "chat_template_error" and error["param"] == "messages", error
+    assert "chat template" in error["message"] and fragment in error["message"], error["message"]
+    monkeypatch.undo()
+    assert httpx.post(live_server.api_url + "/chat/completions", json=CHAT, timeout=60).status_code == 200

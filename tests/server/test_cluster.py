@@ -33,6 +33,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def test_deploy_pulls_and_converts_the_models_once_before_serve_starts_the_replicas(monkeypatch):
+    """Without it every replica of a fresh machine downloads and converts the same files at once."""
+    from specdecode.server import cluster as cluster_module
+    from specdecode.server.cluster import ClusterSettings
+
+    calls = []
+    monkeypatch.setattr(cluster_module, "prepare_model_files", lambda options: calls.append(("prepare", options["model"])))
+    monkeypatch.setattr(cluster_module.serve, "start", lambda **kwargs: calls.append("serve.start"))
+    monkeypatch.setattr(cluster_module.serve, "run", lambda *args, **kwargs: calls.append("serve.run"))
+    monkeypatch.setattr(cluster_module, "build_application", lambda settings: "application")
+    cluster_module.deploy(ClusterSettings({"model": MODEL, "draft": "none"}, MODEL), "127.0.0.1", 0)
+    assert calls == [("prepare", MODEL), "serve.start", "serve.run"]
+
+
 @pytest.fixture(scope="module")
 def cluster():
     from ray import serve

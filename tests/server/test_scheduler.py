@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -245,3 +246,76 @@ def test_a_full_queue_refuses_before_tokenizing():
         scheduler.close()
 
     asyncio.run(scenario())
+
+
+def test_the_drains_idle_check_counts_a_job_taken_off_the_queue_but_not_yet_running():
+    """SIGTERM's drain thread polls idle() while the event loop admits jobs: a job off the queue but not yet in
+    `running` made the server look idle, and it stopped with that request unanswered."""
+    scheduler = Scheduler(tiny_engine(), "none", 4, ServerMetrics("fake"))
+    scheduler.submit(Job(request(), user_key="a"))
+    take = scheduler.queue.get_nowait
+    seen, lookers = [], []
+
+    def take_then_look():
+        job = take()
+        looker = threading.Thread(target=lambda: seen.append(scheduler.idle()))  # the drain's thread, right now
+        looker.start()
+        looker.join(timeout=0.5)
+        lookers.append(looker)
+        return job
+
+    scheduler.queue.get_nowait = take_then_look
+    try:
+        assert len(scheduler._admissions()) == 1
+        lookers[0].join(timeout=10)
+        assert seen == [False], "idle() while a job moved from the queue to the batch"
+        assert not scheduler.idle()
+    finally:
+        scheduler.close()
+
+
+def test_a_failed_pass_fails_each_of_its_jobs_once():
+    """The jobs admitted for the failing pass are in `running` already: listing them twice sent each two errors."""
+    async def scenario():
+        scheduler = Scheduler(tiny_engine(), "none", 4, ServerMetrics("fake"))
+
+        def broken_step():
+            raise RuntimeError("device lost")
+
+        scheduler.batch.step = broken_step
+        worker = asyncio.create_task(scheduler.run())
+        job = Job(request(), user_key="a")
+        scheduler.submit(job)
+        events = await drain(job)
+        await asyncio.sleep(0.2)
+        leftover = job.events.qsize()
+        worker.cancel()
+        scheduler.close()
+        return events, leftover, scheduler
+
+    events, leftover, scheduler = asyncio.run(scenario())
+    assert [kind for kind, _ in events][-1] == "error" and events[-1][1].status == 500
+    assert leftover == 0, "a second error for the same job"
+    assert scheduler.idle() and scheduler.completed == 1
+
+
+def test_health_answers_503_while_draining_and_while_shutting_down():
+    """Load balancers kept sending to a draining server that answered /health 200."""
+    from starlette.testclient import TestClient
+
+    from specdecode.server.app import create_app
+
+    app = create_app(tiny_engine(), "none", "fake")
+    scheduler = app.state.scheduler
+    client = TestClient(app)  # no lifespan: /health needs no worker
+    try:
+        ok = client.get("/health")
+        assert ok.status_code == 200 and ok.json()["status"] == "ok"
+        scheduler.begin_drain()
+        draining = client.get("/health")
+        assert draining.status_code == 503 and draining.json()["status"] == "draining"
+        scheduler.begin_shutdown()
+        down = client.get("/health")
+        assert down.status_code == 503 and down.json()["status"] == "shutting_down"
+    finally:
+        scheduler.close()

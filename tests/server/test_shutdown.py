@@ -66,7 +66,8 @@ def stream_events(base: str, body: dict, on_first=None) -> list[dict]:
 
 
 def test_sigterm_finishes_the_running_and_the_queued_request_then_exits_zero(tmp_path):
-    with serve_process(tmp_path) as (proc, base, log):
+    # One generation at a time, so the second request waits in the queue (a batch would run it at once).
+    with serve_process(tmp_path, "--max-batch", "1") as (proc, base, log):
         assert "<title>specdecode playground</title>" in httpx.get(base + "/").text
         running = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 40, "temperature": 0}
         queued_result = {}
@@ -83,6 +84,7 @@ def test_sigterm_finishes_the_running_and_the_queued_request_then_exits_zero(tmp
             proc.send_signal(signal.SIGTERM)
             time.sleep(0.3)
             refused["response"] = httpx.post(base + "/v1/completions", json=running, timeout=30)
+            refused["health"] = httpx.get(base + "/health", timeout=30)
 
         events = stream_events(base, running, on_first=after_first_event)
         assert events[-1] == "[DONE]"
@@ -91,6 +93,8 @@ def test_sigterm_finishes_the_running_and_the_queued_request_then_exits_zero(tmp
         late = refused["response"]
         assert late.status_code == 503 and late.headers.get("Retry-After")
         assert late.json()["error"]["code"] == "shutting_down"
+        health = refused["health"]  # a load balancer must stop sending while the work in flight finishes
+        assert health.status_code == 503 and health.json()["status"] == "draining", health.text
         assert wait_until(lambda: "response" in queued_result, timeout=60)
         queued = queued_result["response"]
         assert queued.status_code == 200, queued.text
