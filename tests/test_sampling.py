@@ -218,3 +218,25 @@ def test_extreme_temperatures_give_a_distribution_not_nan(temperature):
     assert torch.isfinite(probs).all() and abs(float(probs.sum()) - 1.0) < 1e-5
     if temperature < 1:
         assert int(probs.argmax()) == 1 and float(probs[0, 1]) > 0.5
+
+
+@pytest.mark.slow
+def test_a_seeded_generation_on_the_real_int8_model_is_the_same_text_after_the_store_learned_it():
+    """The real smollm2 on the int8 kernel: seeded plain decoding, then suffix and auto with K 1, 3, 8 and auto,
+    fresh and after the same client's earlier requests filled the store (with this very answer among them, so
+    the copies are long): the same tokens every time."""
+    from specdecode.models.loader import load_model
+    from testlib import SMOLLM2
+
+    engine = Engine(load_model(SMOLLM2, device="cpu", dtype="int8", max_context=512), max_context=512)
+    assert engine.target.model.int8
+    prompt = "Write three short sentences about rivers, then repeat them."
+    sampling = SamplingParams(temperature=0.9, top_p=0.95, seed=7)
+    plain = engine.generate(prompt, drafter="none", sampling=sampling, max_new_tokens=40).token_ids
+    for round_ in ("fresh", "after the store"):
+        for drafter in ("suffix", "auto", "lookup"):
+            for k in (1, 3, 8, "auto"):
+                got = engine.generate(prompt, drafter=drafter, k=k, sampling=sampling, max_new_tokens=40,
+                                      namespace="client").token_ids
+                assert got == plain, (round_, drafter, k)
+        assert len(engine.suffix_store) > 0

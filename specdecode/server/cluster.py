@@ -126,8 +126,10 @@ def run_cluster_server(args) -> int:
         if wanted > cores:
             print(f"specdecode: warning: {settings.replicas} replicas x {settings.threads_per_replica} threads on"
                   f" {cores} cores: they will compete for them", file=sys.stderr, flush=True)
+        # A private instance for replicas on this machine: its services listen on loopback only (Ray's default is
+        # the node's address, where anyone on the network could submit work to it; Ray 2.59+ also sets a token).
         ray.init(num_cpus=wanted, include_dashboard=False, object_store_memory=100 * 1024**2,
-                 logging_level=logging.WARNING)
+                 logging_level=logging.WARNING, _node_ip_address="127.0.0.1")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop.set())

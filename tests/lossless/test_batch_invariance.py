@@ -130,10 +130,15 @@ def staggered(batch, prompts, settings_for, first=3, after=2):
 
 
 @pytest.fixture(scope="module")
-def smollm2_engine(smollm2):
+def smollm2_engine():
+    """The real smollm2 on the int8 kernel, the default target's path."""
     from specdecode.engine import Engine
+    from specdecode.models.loader import load_model
+    from testlib import SMOLLM2
 
-    return Engine(smollm2, max_context=1024)
+    engine = Engine(load_model(SMOLLM2, device="cpu", dtype="int8", max_context=1024), max_context=1024)
+    assert engine.target.model.int8
+    return engine
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from testlib import TINY_CONFIGS as CONFIGS
-from testlib import make_tiny_model, token_by_token, tokens_for
+from testlib import kquant_model, make_tiny_model, token_by_token, tokens_for
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -74,7 +74,36 @@ def test_block_attention_kernel_matches_pytorch_and_is_row_count_invariant(heads
             assert torch.equal(out[i : i + 1], kernels.block_attention(q[i : i + 1], keys, values, start + i))
 
 
-@pytest.mark.parametrize("precision", ["float32", "int8"])
+def whole_model(precision: str, name: str):
+    """A tiny model of that shape: float32, Q8_0 (int8), the default target's Q4_K/Q6_K tiles (kquant: its fixed
+    k-quant shape), or the 0.5B draft's Q5_0 blocks in their interleaved 16-row layout."""
+    import gguf
+
+    from specdecode import kernels
+    from specdecode.models.loader import _matrix_keys, _to_quant_weights
+
+    if precision == "kquant":
+        model, blocks = kquant_model(seed=11, arch=CONFIGS[name].get("arch", "llama"))
+        _to_quant_weights(model, blocks)
+        assert kernels.Q4_K_X16 in model.layers[0].qkv.types
+        return model
+    model = make_tiny_model(seed=11, **CONFIGS[name])
+    if precision == "q5_0":
+        blocks = {}
+        for key in _matrix_keys(model.config):
+            owner = model.embed if key == "lm_head" and model.lm_head is None else model.get_parameter(key)
+            weight = owner.data.numpy()
+            blocks[key] = [(int(gguf.GGMLQuantizationType.Q5_0),
+                            torch.from_numpy(gguf.quants.quantize(weight, gguf.GGMLQuantizationType.Q5_0)))]
+        _to_quant_weights(model, blocks)
+        assert kernels.Q5_0_X16 in model.layers[0].qkv.types
+    elif precision == "int8":
+        _to_quant_weights(model)
+        assert isinstance(model.layers[0].qkv, kernels.QuantWeight)
+    return model
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8", "kquant", "q5_0"])
 @pytest.mark.parametrize("name", CONFIGS)
 def test_rows_are_bitwise_the_same_in_any_block(name, precision):
     """A token computed alone (decode step), in a verify block of up to 65 rows (K = 64, the API's
@@ -85,15 +114,12 @@ def test_rows_are_bitwise_the_same_in_any_block(name, precision):
 
     if kernels.load_kernel() is None:
         pytest.skip("no CPU kernel")
-    model = make_tiny_model(seed=11, **CONFIGS[name])
-    if precision == "int8":
-        _to_quant_weights(model)
-        assert isinstance(model.layers[0].qkv, kernels.QuantWeight)
+    model = whole_model(precision, name)
     tokens = tokens_for(model, 74)
     one_by_one = model.new_cache()
     model(tokens[:4], one_by_one, logits="none")
     singles = torch.cat([model(tokens[i : i + 1], one_by_one) for i in range(4, 74)])
-    for block in (2, 5, 16, 26, 65):  # 26 and 65 rows: more than one kernel call
+    for block in (2, 5, 16, 26, 33, 64, 65):  # 26+ rows: more than one tile; 33-64: prompt chunks; 65: two calls
         cache = model.new_cache()
         model(tokens[:4], cache, logits="none")
         logits = torch.cat([model(tokens[i : i + block], cache) for i in range(4, 74, block)])

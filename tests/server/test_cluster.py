@@ -22,7 +22,8 @@ from .conftest import MODEL, wait_until
 ray = pytest.importorskip("ray", reason="the 'cluster' extra (ray[serve]) is not installed")
 
 QUEUE = 16
-BATCH = 2  # generations each replica runs at once
+BATCH = 1  # generations each replica runs at once: one, so a killed replica has requests queued (the batched
+# engine behind Ray is tested by test_serve_modes)
 LONG_SYSTEM = ("You are a patient teacher of programming. You answer questions about Python with short, correct"
                " examples, and you explain every step of the code you show in plain words. ")
 
