@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,14 +32,11 @@ from specdecode import registry
 from specdecode.bench.peers import NGRAM_SIZE_N, find_llamacpp_bin
 from specdecode.bench.prompts import find_bench_dir, load_suite
 
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_serve import free_port, stop_server as stop  # noqa: E402  (scripts/ sits beside this file)
+
 LLAMA_SPEC = {"ngram-simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(NGRAM_SIZE_N),
                                "--spec-ngram-simple-size-m", "8"]}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_ready(proc, base: str, log_path: str, timeout: float = 900) -> None:
@@ -65,15 +60,6 @@ def start(command: list[str], log_path: str, base: str, env=None):
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     wait_ready(proc, base, log_path)
     return proc
-
-
-def stop(proc) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 MODEL_IDS: dict[str, str] = {}

@@ -22,7 +22,7 @@ from .batch_plan import trim_drafts
 from .drafters.base import Drafter
 from .drafters.draft_model import common_prefix_len
 from .drafters.registry import build_drafter
-from .engine import Engine, GenerationResult, Request
+from .engine import Engine, GenerationResult, Request, collect_result
 from .generation import Generation, StreamEvent
 from .models.transformer import Segment
 
@@ -72,19 +72,6 @@ class Ticket:
         if self.error is not None:
             raise self.error
         return collect_result(self.events, list(self.request.prompt_ids))
-
-
-def collect_result(events: list[StreamEvent], prompt_ids: list[int]) -> GenerationResult:
-    text, tokens, origins, sources = [], [], [], []
-    for event in events:
-        text.append(event.text)
-        tokens.extend(event.tokens)
-        origins.extend(event.origins)
-        sources.extend(event.sources)
-    stats = events[-1].stats
-    # A stop string found a step later can end the answer before a token already streamed.
-    del tokens[stats.generated_tokens :], origins[stats.generated_tokens :], sources[stats.generated_tokens :]
-    return GenerationResult("".join(text), tokens, origins, stats, prompt_ids, sources)
 
 
 class BatchEngine:
@@ -208,7 +195,6 @@ class BatchEngine:
         if ticket.cancelled:
             return self._emit(ticket, generation.end_now("cancelled"))
         if generation.plan() is None:
-            generation.draft = None
             self._emit(ticket, generation.end_now("length"))
 
     def _emit(self, ticket: Ticket, event: StreamEvent) -> None:

@@ -167,17 +167,8 @@ class Engine:
 
     # ----------------------------------------------------------------- public API
     def generate(self, prompt, **kwargs) -> GenerationResult:
-        text, tokens, origins, sources = [], [], [], []
-        stats = None
-        for event in self.stream(prompt, **kwargs):
-            text.append(event.text)
-            tokens.extend(event.tokens)
-            origins.extend(event.origins)
-            sources.extend(event.sources)
-            stats = event.stats
-        # A stop string found a step later can end the answer before a token already streamed.
-        del tokens[stats.generated_tokens :], origins[stats.generated_tokens :], sources[stats.generated_tokens :]
-        return GenerationResult("".join(text), tokens, origins, stats, list(self.last_prompt_ids), sources)
+        events = list(self.stream(prompt, **kwargs))
+        return collect_result(events, list(self.last_prompt_ids))
 
     def stream(self, prompt, **settings) -> Iterator[StreamEvent]:
         """Generate, one event per speculative step (settings: see `request`)."""
@@ -318,24 +309,7 @@ class Engine:
         warm = torch.zeros(warm_len, dtype=torch.long, device=device)
         self.target.model(warm, scratch, logits="none")
 
-        def fastest(run) -> float:
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - t0)
-            return min(times)
-
-        for size in sizes:
-            if warm_len + size > scratch.max_len:
-                continue
-            tokens = torch.zeros(size, dtype=torch.long, device=device)
-
-            def target_pass():
-                scratch.truncate(warm_len)
-                self.target.model(tokens, scratch, logits="all").argmax(-1).tolist()
-
-            self.tuner.costs.set_measured(size, fastest(target_pass))
+        self._time_target_blocks(sizes, scratch, warm_len, repeats)
         model = drafter.model_drafter if drafter is not None else None
         if model is not None:
             d_cache = model.model.new_cache(warm_len + 1)
@@ -346,7 +320,7 @@ class Engine:
                 model.model(warm[:1], d_cache, logits="last").argmax().item()
 
             draft_pass()
-            self.tuner.costs.draft[model.name] = fastest(draft_pass)
+            self.tuner.costs.draft[model.name] = fastest(draft_pass, repeats)
 
     def measure_batch_costs(self, max_rows: int, repeats: int = 3) -> None:
         """Time target passes of up to max_rows rows (a batch of several requests' blocks), where the cost model
@@ -359,17 +333,44 @@ class Engine:
         device = self.target.model.device
         warm = torch.zeros(8, dtype=torch.long, device=device)
         self.target.model(warm, scratch, logits="none")
+        self._time_target_blocks(sizes, scratch, 8, repeats)
+
+    def _time_target_blocks(self, sizes, scratch, warm_len: int, repeats: int) -> None:
+        """The fastest of `repeats` target passes of each size, after the scratch cache's warm_len positions."""
         for size in sizes:
-            if size + 8 > scratch.max_len:
+            if warm_len + size > scratch.max_len:
                 continue
-            tokens = torch.zeros(size, dtype=torch.long, device=device)
-            times = []
-            for _ in range(repeats):
-                scratch.truncate(8)
-                t0 = time.perf_counter()
+            tokens = torch.zeros(size, dtype=torch.long, device=self.target.model.device)
+
+            def target_pass():
+                scratch.truncate(warm_len)
                 self.target.model(tokens, scratch, logits="all").argmax(-1).tolist()
-                times.append(time.perf_counter() - t0)
-            self.tuner.costs.set_measured(size, min(times))
+
+            self.tuner.costs.set_measured(size, fastest(target_pass, repeats))
+
+
+def fastest(run, repeats: int) -> float:
+    """The shortest of `repeats` timed calls of run()."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def collect_result(events: list[StreamEvent], prompt_ids: list[int]) -> GenerationResult:
+    """A whole generation from its stream of events."""
+    text, tokens, origins, sources = [], [], [], []
+    for event in events:
+        text.append(event.text)
+        tokens.extend(event.tokens)
+        origins.extend(event.origins)
+        sources.extend(event.sources)
+    stats = events[-1].stats
+    # A stop string found a step later can end the answer before a token already streamed.
+    del tokens[stats.generated_tokens :], origins[stats.generated_tokens :], sources[stats.generated_tokens :]
+    return GenerationResult("".join(text), tokens, origins, stats, prompt_ids, sources)
 
 
 def inexact_reason(model) -> str | None:
