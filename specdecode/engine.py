@@ -15,11 +15,13 @@ from typing import Callable, Iterator
 import torch
 
 from . import kernels
+from .controls import LogitControls, RowControls
 from .drafters.base import Drafter
 from .drafters.registry import build_drafter
 from .drafters.suffix_store import SuffixStore
 from .drafters.vocab import restrict_draft_vocabulary
 from .errors import InputError, ModelError
+from .grammar import check_grammar, new_matcher
 from .models.loader import LoadedModel
 from .models.transformer import Transformer
 from .sampling import SamplingParams
@@ -43,6 +45,8 @@ class Request:
     min_confidence: float = 0.0
     namespace: str | None = ""
     should_stop: Callable[[], bool] | None = None
+    controls: LogitControls | None = None  # penalties, logit bias, grammar, logprobs (controls.py)
+    grammar: str | None = None  # controls.grammar compiled for this engine's tokenizer
 
 
 @dataclass
@@ -53,6 +57,7 @@ class GenerationResult:
     stats: GenerationStats
     prompt_ids: list[int] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)  # per token: the source of an accepted draft token, else ""
+    logprobs: list = field(default_factory=list)  # per token, a controls.TokenLogprob where the request asked
 
     @property
     def finish_reason(self) -> str:
@@ -188,6 +193,7 @@ class Engine:
         max_k: int | None = None,
         should_stop: Callable[[], bool] | None = None,
         namespace: str | None = "",
+        controls: LogitControls | None = None,
     ) -> Request:
         """A checked request (InputError names what is wrong). namespace: whose request this is; drafters that
         learn from earlier requests (suffix) propose only from the same namespace's. None: this request neither
@@ -214,21 +220,47 @@ class Engine:
             exact_k = max(1, (kernels.FLOAT32_CHUNKED_MAX_ROWS - 1) // drafter_obj.tokens_per_depth)
             max_k = min(max_k, exact_k)
             fixed_k = None if fixed_k is None else min(fixed_k, exact_k)
+        grammar = self._check_controls(controls, drafter_obj)
         return Request(tuple(prompt_ids), drafter if isinstance(drafter, Drafter) else (drafter_obj and drafter_obj.name),
-                       fixed_k, max_k, sampling, max_new_tokens, tuple(stop or ()), min_confidence, namespace, should_stop)
+                       fixed_k, max_k, sampling, max_new_tokens, tuple(stop or ()), min_confidence, namespace, should_stop,
+                       controls, grammar)
+
+    def _check_controls(self, controls: LogitControls | None, drafter: Drafter | None) -> str | None:
+        """The request's controls against this engine's model; the grammar compiled (InputError where it is bad)."""
+        if controls is None:
+            return None
+        if not isinstance(controls, LogitControls):
+            raise InputError(f"controls must be a LogitControls, got {type(controls).__name__}")
+        vocab = self.target.vocab_size
+        bad = [token for token, _ in controls.logit_bias if token >= vocab]
+        if bad:
+            raise InputError(f"logit_bias names token ids past this model's vocabulary (0..{vocab - 1}): {bad[:5]}")
+        if controls.shapes_rows and drafter is not None and drafter.greedy_only:
+            raise InputError(f"drafter '{drafter.name}' drafts token trees, which cannot carry penalties, logit bias"
+                             " or a grammar; use a chain drafter (auto, lookup, suffix, draft)")
+        return None if controls.grammar is None else check_grammar(controls.grammar, self.tokenizer, vocab)
 
     # ----------------------------------------------------------------- the loop
     def new_generation(self, request: Request, slot, drafter: Drafter | None) -> Generation:
         """A generation of `request` in `slot` (this engine, or a batch slot) with that slot's drafter: the
         drafter begins, and the adaptive K gets its costs if it lacks them."""
         stopper = Stopper(self.tokenizer, request.max_new_tokens, request.stop)
-        generation = Generation(slot, list(request.prompt_ids), drafter, request.sampling, stopper, request.should_stop)
+        generation = Generation(slot, list(request.prompt_ids), drafter, request.sampling, stopper, request.should_stop,
+                                self.row_controls(request))
         if self.inexact is not None:
             generation.stats.exact = False
             generation.stats.notes.append(f"not row-exact ({self.inexact}): speculative output may differ from plain"
                                           " decoding at near-ties")
         self.start_generation(generation, request.fixed_k, request.max_k, request.min_confidence, request.namespace)
         return generation
+
+    def row_controls(self, request: Request) -> RowControls | None:
+        """A new generation's controls at the start of its answer (None where the request has none)."""
+        if request.controls is None:
+            return None
+        vocab = self.target.vocab_size
+        matcher = None if request.grammar is None else new_matcher(request.grammar, self.tokenizer, vocab)
+        return RowControls.start(request.controls, request.prompt_ids, vocab, matcher, self.tokenizer.eos_ids)
 
     def _loop(self, request: Request) -> Iterator[StreamEvent]:
         """Choose K, take a speculative step, learn from it, hand its text out; until the answer stops."""
@@ -361,16 +393,18 @@ def fastest(run, repeats: int) -> float:
 
 def collect_result(events: list[StreamEvent], prompt_ids: list[int]) -> GenerationResult:
     """A whole generation from its stream of events."""
-    text, tokens, origins, sources = [], [], [], []
+    text, tokens, origins, sources, logprobs = [], [], [], [], []
     for event in events:
         text.append(event.text)
         tokens.extend(event.tokens)
         origins.extend(event.origins)
         sources.extend(event.sources)
+        logprobs.extend(event.logprobs)
     stats = events[-1].stats
     # A stop string found a step later can end the answer before a token already streamed.
-    del tokens[stats.generated_tokens :], origins[stats.generated_tokens :], sources[stats.generated_tokens :]
-    return GenerationResult("".join(text), tokens, origins, stats, prompt_ids, sources)
+    answer = stats.generated_tokens
+    del tokens[answer:], origins[answer:], sources[answer:], logprobs[answer:]
+    return GenerationResult("".join(text), tokens, origins, stats, prompt_ids, sources, logprobs)
 
 
 def inexact_reason(model) -> str | None:

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .controls import RowControls
 from .drafters.base import Draft, Drafter
 from .drafters.draft_model import common_prefix_len
 from .sampling import SamplingParams
@@ -32,13 +33,14 @@ class StreamEvent:
     finished: bool = False
     pieces: list[str] = field(default_factory=list)  # per token, its text
     sources: list[str] = field(default_factory=list)  # per token: the source of an accepted draft token, else ""
+    logprobs: list = field(default_factory=list)  # per token, a controls.TokenLogprob where the request asked
 
 
 class Generation:
     """slot: what holds this request's target cache (`cache`, `cached_ids`: the tokens it holds)."""
 
     def __init__(self, slot, prompt_ids: list[int], drafter: Drafter | None, sampling: SamplingParams,
-                 stopper: Stopper, should_stop=None):
+                 stopper: Stopper, should_stop=None, controls: RowControls | None = None):
         self.slot = slot
         self.prompt_ids = prompt_ids
         self.drafter = drafter
@@ -46,6 +48,7 @@ class Generation:
         self.noise = sampling.noise()
         self.stopper = stopper
         self.should_stop = should_stop
+        self.controls = controls  # penalties, logit bias, grammar, logprobs: what shapes and records each row
         self.stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
         self.sequence = list(prompt_ids)  # every token the target has confirmed; its cache holds all but the last
         self.tuning: GenerationTuning | None = None  # from the engine once the prompt is read
@@ -82,7 +85,9 @@ class Generation:
         if k > 0 and tuning.draft_needs_prompt:
             self.stats.time_draft += self._read_prompt_into_draft()
         t0 = time.perf_counter()
-        self.draft = propose(self.drafter, self.sequence, k, self.sampling, self.noise, tuning.stop_rule)
+        forced_limit = min(room, self.tuning_args[1], stopper.budget - 1)  # grammar-forced drafts: at most max_k
+        self.draft = propose(self.drafter, self.sequence, k, self.sampling, self.noise, tuning.stop_rule, self.controls,
+                             forced_limit)
         self.draft_seconds = time.perf_counter() - t0
         return self.draft
 
@@ -92,11 +97,11 @@ class Generation:
     def apply(self, logits, start: int, verify_seconds: float, solo: bool) -> StreamEvent:
         """The target's logits of this request's block (written to its cache at `start`): judge, roll back,
         learn, and hand out the step's text. solo: the pass held this block only (its cost is the block's)."""
-        accepted, next_token = judge_block(logits, self.slot.cache, start, self.sequence, self.draft, self.sampling,
-                                           self.noise)
-        step = finish_step(self.drafter, self.sequence, accepted, next_token, self.draft, self.draft_seconds,
-                           verify_seconds)
-        self.acceptance_record.judged(len(accepted))
+        judged = judge_block(logits, self.slot.cache, start, self.sequence, self.draft, self.sampling, self.noise,
+                             self.controls)
+        step = finish_step(self.drafter, self.sequence, judged, self.draft, self.draft_seconds, verify_seconds,
+                           self.controls)
+        self.acceptance_record.judged(len(judged.accepted))
         return self._after(step, solo)
 
     def step_alone(self, target) -> StreamEvent:
@@ -104,9 +109,10 @@ class Generation:
         if self.plan() is None:
             return self.end_now("length")
         t0 = time.perf_counter()
-        accepted, next_token = steps.verify_block(target, self.slot.cache, self.sequence, self.draft, self.sampling, self.noise)
-        step = finish_step(self.drafter, self.sequence, accepted, next_token, self.draft, self.draft_seconds,
-                           time.perf_counter() - t0)
+        judged = steps.verify_block(target, self.slot.cache, self.sequence, self.draft, self.sampling, self.noise,
+                                    self.controls)
+        step = finish_step(self.drafter, self.sequence, judged, self.draft, self.draft_seconds, time.perf_counter() - t0,
+                           self.controls)
         return self._after(step, solo=True)
 
     def _after(self, step: StepResult, solo: bool) -> StreamEvent:
@@ -117,7 +123,8 @@ class Generation:
         # which source drafted the accepted tokens: lookup / store / draft for auto, else the drafter
         sources = [step.draft.source or self.stats.drafter] * step.accepted + [""]
         cancel = self.should_stop is not None and self.should_stop()
-        return self._event(self.stopper.push(step.tokens, step.origins, cancel=cancel, sources=sources))
+        return self._event(self.stopper.push(step.tokens, step.origins, cancel=cancel, sources=sources,
+                                             logprobs=step.logprobs))
 
     def end_now(self, reason: str) -> StreamEvent:
         """End the answer before another step (the context is full, or the request was cancelled)."""
@@ -129,7 +136,8 @@ class Generation:
         stats.time_total = time.perf_counter() - self.started
         if out.finish is not None:
             self._finish(out.finish)
-        return StreamEvent(out.text, out.tokens, out.origins, stats, out.finish is not None, out.pieces, out.sources)
+        return StreamEvent(out.text, out.tokens, out.origins, stats, out.finish is not None, out.pieces, out.sources,
+                           out.logprobs)
 
     def _finish(self, reason: str) -> None:
         self.finished = True

@@ -1,4 +1,4 @@
-"""Logit processing shared by target and draft: temperature, top-k, top-p, then softmax."""
+"""Logit processing shared by target and draft: temperature, min-p, top-k, top-p, then softmax."""
 from __future__ import annotations
 
 import math
@@ -20,6 +20,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     seed: int | None = None
+    min_p: float = 0.0  # 0 = off; else drop tokens below min_p times the top token's probability
 
     def __post_init__(self):
         if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
@@ -28,6 +29,8 @@ class SamplingParams:
             raise InputError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or math.isnan(self.top_p) or not 0 < self.top_p <= 1:
             raise InputError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.min_p, (int, float)) or math.isnan(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InputError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
                                       or not 0 <= self.seed <= MAX_SEED):
             raise InputError(f"seed must be an integer in 0..{MAX_SEED}, got {self.seed!r}")
@@ -47,6 +50,8 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     # Subtracting the maximum before dividing keeps a tiny temperature finite (the top token at 0, the
     # rest at -inf at worst) where logits / 1e-40 overflowed to inf - inf = NaN.
     logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature
+    if params.min_p > 0:  # the top token sits at 0: p(i) / p(top) = exp(logit_i)
+        logits = logits.masked_fill(logits < math.log(params.min_p), float("-inf"))
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

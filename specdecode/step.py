@@ -10,15 +10,16 @@ A step returns accepted + 1 tokens, so "tokens per target pass" counts the recov
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from .cache import KVCache
+from .controls import RowControls, TokenLogprob, record_logprobs
 from .drafters.base import Draft, Drafter
 from .models.transformer import Segment, tree_mask, tree_positions
 from .sampling import PositionNoise, SamplingParams
-from .verify import verify_greedy, verify_sampling, verify_tree_greedy
+from .verify import verify_chain, verify_greedy, verify_sampling, verify_tree_greedy
 
 
 @dataclass
@@ -28,6 +29,7 @@ class StepResult:
     draft: Draft
     draft_seconds: float
     verify_seconds: float
+    logprobs: list[TokenLogprob] | None = None  # per token, where the request asked for them
 
     @property
     def accepted(self) -> int:
@@ -40,33 +42,57 @@ class StepResult:
 
 
 def speculative_step(target, cache: KVCache, drafter: Drafter | None, sequence: list[int], k: int,
-                     sampling: SamplingParams, noise: PositionNoise, stop_rule=None) -> StepResult:
+                     sampling: SamplingParams, noise: PositionNoise, stop_rule=None,
+                     controls: RowControls | None = None) -> StepResult:
     """Extend `sequence` (every confirmed token; the target cache holds all but its last) by one step.
 
     On return the target cache holds `sequence + tokens` minus the new last token, and the drafter has
     dropped whatever it drafted past the accepted tokens. k = 0 (or no drafter) is a plain decoding step.
     """
     t0 = time.perf_counter()
-    draft = propose(drafter, sequence, k, sampling, noise, stop_rule)
+    draft = propose(drafter, sequence, k, sampling, noise, stop_rule, controls)
     t1 = time.perf_counter()
-    accepted, next_token = verify_block(target, cache, sequence, draft, sampling, noise)
+    judged = verify_block(target, cache, sequence, draft, sampling, noise, controls)
     t2 = time.perf_counter()
-    return finish_step(drafter, sequence, accepted, next_token, draft, t1 - t0, t2 - t1)
+    return finish_step(drafter, sequence, judged, draft, t1 - t0, t2 - t1, controls)
 
 
 def propose(drafter: Drafter | None, sequence: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
-            stop_rule=None) -> Draft:
-    """The drafter's proposal for the tokens after `sequence` (nothing for k = 0 or plain decoding)."""
-    return drafter.propose(sequence, k, sampling, noise, stop_rule) if drafter is not None and k > 0 else Draft()
+            stop_rule=None, controls: RowControls | None = None, forced_limit: int = 0) -> Draft:
+    """The drafter's proposal for the tokens after `sequence` (nothing for k = 0 or plain decoding), cut where a
+    grammar forbids a token, and followed by up to forced_limit tokens the grammar forces (free drafts)."""
+    draft = drafter.propose(sequence, k, sampling, noise, stop_rule) if drafter is not None and k > 0 else Draft()
+    if controls is None or controls.matcher is None or draft.is_tree:
+        return draft
+    valid = controls.valid_prefix(draft.tokens)
+    if valid < len(draft.tokens):
+        draft = replace(draft, tokens=draft.tokens[:valid], confidences=draft.confidences[:valid])
+    if drafter is not None and valid == len(draft.tokens):
+        forced = controls.forced_after(draft.tokens, forced_limit - len(draft.tokens))
+        if forced:  # confidence NaN: the calibration of the drafter's own tokens must not learn from them
+            draft = replace(draft, tokens=draft.tokens + forced,
+                            confidences=(draft.confidences if len(draft.confidences) == valid else [float("nan")] * valid)
+                            + [float("nan")] * len(forced), forced=len(forced))
+    return draft
 
 
-def finish_step(drafter: Drafter | None, sequence: list[int], accepted: list[int], next_token: int, draft: Draft,
-                draft_seconds: float, verify_seconds: float) -> StepResult:
-    """The drafter drops what was not accepted; the step's tokens with their origins."""
-    tokens = accepted + [next_token]
+@dataclass
+class Judged:
+    accepted: list[int]  # the draft tokens kept
+    next_token: int  # the target's own token after them
+    logprobs: list[TokenLogprob] | None = None  # per token of accepted + [next_token], where asked for
+
+
+def finish_step(drafter: Drafter | None, sequence: list[int], judged: Judged, draft: Draft,
+                draft_seconds: float, verify_seconds: float, controls: RowControls | None = None) -> StepResult:
+    """The drafter drops what was not accepted, the controls take the step's tokens; the tokens with their origins."""
+    tokens = judged.accepted + [judged.next_token]
     if drafter is not None:
         drafter.sync(sequence + tokens)
-    return StepResult(tokens, step_origins(len(accepted), draft.drafted), draft, draft_seconds, verify_seconds)
+    if controls is not None:
+        controls.commit(tokens)
+    return StepResult(tokens, step_origins(len(judged.accepted), draft.drafted), draft, draft_seconds, verify_seconds,
+                      judged.logprobs)
 
 
 def block_segment(cache: KVCache, sequence: list[int], draft: Draft) -> Segment:
@@ -75,10 +101,10 @@ def block_segment(cache: KVCache, sequence: list[int], draft: Draft) -> Segment:
 
 
 def verify_block(target, cache: KVCache, sequence: list[int], draft: Draft, sampling: SamplingParams,
-                 noise: PositionNoise) -> tuple[list[int], int]:
+                 noise: PositionNoise, controls: RowControls | None = None) -> Judged:
     """One target pass over [last confirmed token] + draft (a chain, or a tree when draft.parents is set).
 
-    Returns (accepted draft tokens, the target's next token) and rolls the cache back to the accepted path.
+    Returns the accepted draft tokens and the target's next token, and rolls the cache back to the accepted path.
     """
     device = target.device
     start = cache.length
@@ -89,24 +115,30 @@ def verify_block(target, cache: KVCache, sequence: list[int], draft: Draft, samp
                         attn_mask=tree_mask(start, draft.parents, device))
     else:
         logits = target(tokens, cache, logits="all")  # [1 + K, V]
-    return judge_block(logits, cache, start, sequence, draft, sampling, noise)
+    return judge_block(logits, cache, start, sequence, draft, sampling, noise, controls)
 
 
 def judge_block(logits: torch.Tensor, cache: KVCache, start: int, sequence: list[int], draft: Draft,
-                sampling: SamplingParams, noise: PositionNoise) -> tuple[list[int], int]:
+                sampling: SamplingParams, noise: PositionNoise, controls: RowControls | None = None) -> Judged:
     """From the target's logits of a block (written to the cache at `start`): the accepted draft tokens and
     the target's next token; the cache is rolled back to the accepted path."""
-    if draft.is_tree:
+    if draft.is_tree:  # (Engine.request refuses trees where controls shape the rows)
         path, next_token = verify_tree_greedy(logits, draft.tokens, draft.parents)
         cache.compact(start, [0] + path)  # keep the keys/values of the accepted branch, in order
         block = [sequence[-1]] + draft.tokens
-        return [block[i] for i in path], next_token
-    if sampling.greedy:
+        return Judged([block[i] for i in path], next_token)
+    if controls is not None and controls.spec.shapes_rows:
+        verdict = verify_chain(logits, draft.tokens, controls, sampling, noise, position=len(sequence))
+    elif sampling.greedy:
         verdict = verify_greedy(logits, draft.tokens)
     else:
         verdict = verify_sampling(logits, draft.tokens, sampling, noise, position=len(sequence))
     cache.truncate(start + 1 + verdict.accepted)
-    return draft.tokens[: verdict.accepted], verdict.next_token
+    accepted = draft.tokens[: verdict.accepted]
+    logprobs = None
+    if controls is not None and controls.spec.logprobs is not None:
+        logprobs = record_logprobs(logits, accepted + [verdict.next_token], controls.spec.logprobs)
+    return Judged(accepted, verdict.next_token, logprobs)
 
 
 def step_origins(accepted: int, drafted: int) -> list[str]:

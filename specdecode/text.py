@@ -50,6 +50,7 @@ class TextStep:
     pieces: list[str]  # per token, its text (for colouring by origin)
     finish: str | None  # "stop", "length" or "cancelled" once the answer is over
     sources: list[str] = field(default_factory=list)  # per token: the source of an accepted draft token, else ""
+    logprobs: list = field(default_factory=list)  # per token, a controls.TokenLogprob where the request asked
 
 
 class Stopper:
@@ -65,6 +66,7 @@ class Stopper:
         self.tokens: list[int] = []
         self.origins: list[str] = []
         self.sources: list[str] = []
+        self.logprobs: list = []
         self.starts: list[int] = []  # per token, where its text starts in self.text
         self.origin_counts: Counter = Counter()
         self.text = ""
@@ -75,11 +77,13 @@ class Stopper:
     def budget(self) -> int:
         return self.max_new_tokens - len(self.tokens)
 
-    def push(self, tokens: list[int], origins: list[str], cancel: bool = False, sources: list[str] | None = None) -> TextStep:
+    def push(self, tokens: list[int], origins: list[str], cancel: bool = False, sources: list[str] | None = None,
+             logprobs: list | None = None) -> TextStep:
         """Add one step's tokens, in the order the target produced them; cancel ends the answer after them.
-        sources: per token, which source drafted it (accepted tokens of a multi-source drafter), else ""."""
+        sources: per token, which source drafted it (accepted tokens of a multi-source drafter), else "".
+        logprobs: per token, its log-probability record (where the request asked for them)."""
         first = len(self.tokens)
-        for token, origin, source in zip(tokens, origins, sources or [""] * len(tokens)):
+        for i, (token, origin, source) in enumerate(zip(tokens, origins, sources or [""] * len(tokens))):
             if token in self.eos_ids:
                 self.finish = "stop"
                 break
@@ -88,6 +92,8 @@ class Stopper:
             self.tokens.append(token)
             self.origins.append(origin)
             self.sources.append(source)
+            if logprobs is not None:
+                self.logprobs.append(logprobs[i])
             self.origin_counts[origin] += 1
             # Token by token, as plain decoding checks: the stop string that completes first ends the answer,
             # whatever else a step's later tokens would complete (["\nUser:", "User"] stops at "User").
@@ -102,7 +108,7 @@ class Stopper:
             self._flush()
         pieces = [self.text[start:end] for start, end in zip(self.starts[first:], self.starts[first + 1 :] + [len(self.text)])]
         return TextStep(self._release(), self.tokens[first:], self.origins[first:], pieces, self.finish,
-                        self.sources[first:])
+                        self.sources[first:], self.logprobs[first:])
 
     def end(self, reason: str) -> TextStep:
         """End the answer where it stands (the context is full): hand out what was held back."""
@@ -129,7 +135,7 @@ class Stopper:
         keep = bisect.bisect_left(self.starts, len(self.text))
         self.origin_counts.subtract(self.origins[keep:])
         self.origin_counts = +self.origin_counts  # drop kinds whose count fell to 0
-        del self.tokens[keep:], self.origins[keep:], self.sources[keep:], self.starts[keep:]
+        del self.tokens[keep:], self.origins[keep:], self.sources[keep:], self.starts[keep:], self.logprobs[keep:]
         return True
 
     def _release(self) -> str:

@@ -51,6 +51,27 @@ def verify_sampling(
     return Verdict(k, noise.choose(probabilities(target_logits[k : k + 1], params)[0], position + k))
 
 
+def verify_chain(target_logits: torch.Tensor, draft_tokens: list[int], controls, params: SamplingParams,
+                 noise: PositionNoise, position: int) -> Verdict:
+    """As verify_greedy / verify_sampling, for a request whose controls (penalties, logit bias, a grammar: see
+    controls.py) shape each row from the tokens before it. Row i is processed with draft_tokens[:i] pushed on
+    the controls' state, as plain decoding would have them at that position; the state is restored on return."""
+    pushed = 0
+    try:
+        for i in range(len(draft_tokens) + 1):
+            row = controls.process(target_logits[i : i + 1])  # [1, V]
+            if params.greedy:
+                wanted = int(row[0].argmax())
+            else:
+                wanted = noise.choose(probabilities(row, params)[0], position + i)
+            if i == len(draft_tokens) or draft_tokens[i] != wanted:
+                return Verdict(i, wanted)
+            controls.push(draft_tokens[i])
+            pushed += 1
+    finally:
+        controls.undo(pushed)
+
+
 def verify_tree_greedy(target_logits: torch.Tensor, draft_tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
     """Greedy verification of a token tree scored in one pass.
 

@@ -26,6 +26,7 @@ class Draft:
     # Where the tokens came from when a drafter has several sources ("lookup": this request's text, "store":
     # earlier requests, "draft": the draft model); "" for the drafter itself. Calibrated and costed apart.
     source: str = ""
+    forced: int = 0  # trailing tokens a grammar forces (controls.py), not the drafter's
 
     @property
     def is_tree(self) -> bool:

@@ -34,6 +34,7 @@ from ..build import build_engine
 from ..errors import InputError
 from .exposure import LOOPBACK, ApiKeys, ExposureGuard, default_allowed_hosts, load_api_keys, parse_api_keys
 from .local import LocalBackend
+from .logprobs import chat_logprobs, completion_logprobs
 from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion, parse_json_body
 from .scheduler import Scheduler, Step
@@ -156,6 +157,13 @@ def _usage(stats: dict, expose_timings: bool = False) -> dict:
     if expose_timings:
         usage["tokens_per_s"] = stats["tokens_per_s"]
     return usage
+
+
+def response_logprobs(gen: GenerationRequest, entries: list[dict], text_offset: int = 0) -> dict | None:
+    """The choice's `logprobs` field: None unless the request asked for them."""
+    if gen.controls is None or gen.controls.logprobs is None:
+        return None
+    return chat_logprobs(entries) if gen.kind == "chat" else completion_logprobs(entries, text_offset)
 
 
 def _sse(payload) -> str:
@@ -308,7 +316,7 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             "chat.completion" if kind == "chat" else "text_completion"
 
     async def collect(ticket, gen: GenerationRequest, watch: DisconnectWatch):
-        text, tokens, origins, sources = [], [], [], []
+        text, tokens, origins, sources, logprobs = [], [], [], [], []
         while True:
             message = await watch.wait(ticket.next())
             if message[0] == "error":
@@ -318,18 +326,20 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             tokens.extend(step.tokens)
             origins.extend(step.origins)
             sources.extend(step.sources)
+            logprobs.extend(step.logprobs)
             if step.finished:
                 break
         # A stop string completed a step later can withdraw tokens already handed on: keep the answer's own.
         answer = step.stats["generated_tokens"]
-        del tokens[answer:], origins[answer:], sources[answer:]
+        del tokens[answer:], origins[answer:], sources[answer:], logprobs[answer:]
         response_id, obj = ids(gen.kind)
         text = "".join(text)
         if gen.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": step.finish_reason}
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": response_logprobs(gen, logprobs), "finish_reason": step.finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": step.finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": response_logprobs(gen, logprobs),
+                      "finish_reason": step.finish_reason}
         extension = {"tokens": tokens, "origins": origins, "sources": sources,
                      "stats": client_stats(step.final_stats.to_dict(), expose_timings)}
         if step.replica is not None:
@@ -343,12 +353,16 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
         obj = "chat.completion.chunk" if gen.kind == "chat" else "text_completion"
         created_at = int(time.time())
 
-        def chunk(text: str | None, finish_reason=None, extra=None, role=False) -> dict:
+        streamed = [0]  # characters of token text sent so far (the completions API's text offsets)
+
+        def chunk(text: str | None, finish_reason=None, extra=None, role=False, logprobs=()) -> dict:
+            described = response_logprobs(gen, list(logprobs), streamed[0])
+            streamed[0] += sum(len(entry["token"]) for entry in logprobs)
             if gen.kind == "chat":
                 delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                choice = {"index": 0, "delta": delta, "logprobs": described, "finish_reason": finish_reason}
             else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+                choice = {"index": 0, "text": text or "", "logprobs": described, "finish_reason": finish_reason}
             payload = {"id": response_id, "object": obj, "created": created_at, "model": model_name,
                        "system_fingerprint": None, "choices": [choice]}
             if extra:
@@ -372,7 +386,7 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             if step.finished:
                 extra["usage"] = _usage(step.stats, expose_timings)
             yield _sse(chunk(step.text if step.text or not step.finished else None,
-                             step.finish_reason if step.finished else None, extra))
+                             step.finish_reason if step.finished else None, extra, logprobs=step.logprobs))
             if step.finished:
                 if gen.include_usage:
                     usage_chunk = chunk(None)

@@ -10,12 +10,34 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..controls import LogitControls
 from ..drafters.registry import DRAFTER_NAMES
+from ..grammar import GrammarSpec
 
 CHAT_ROLES = {"system", "user", "assistant", "developer"}
 MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1
 MAX_TEMPERATURE = 2.0  # OpenAI's range
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias
+MAX_TOP_LOGPROBS = {"chat": 20, "completion": 5}  # OpenAI's bounds
+
+# One rule for the fields of a request body (README, "Request fields"):
+# - implemented (OpenAI's and the extensions peers accept: top_k, min_p, repetition_penalty, speculative): used;
+# - OpenAI's that change nothing a client can observe here (metadata, routing hints): accepted and ignored;
+# - OpenAI's that are not implemented: 400 unsupported_parameter naming the field, when set to anything but
+#   their default;
+# - any other name: 400 unknown_parameter, so that a typo or another server's extension is never silently ignored.
+IMPLEMENTED = {
+    "common": {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
+               "stream_options", "user", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",
+               "logit_bias", "logprobs", "speculative"},
+    "chat": {"messages", "max_completion_tokens", "top_logprobs", "response_format"},
+    "completion": {"prompt"},
+}
+IGNORED = {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+UNSUPPORTED_CHAT = {"audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
+                    "reasoning_effort", "verbosity", "tools", "tool_choice", "parallel_tool_calls"}
+UNSUPPORTED_COMPLETION = {"best_of", "echo", "suffix"}
 
 
 class ApiError(Exception):
@@ -58,6 +80,8 @@ class GenerationRequest:
     user: str | None = None
     drafter: str | None = None  # None: the server's default drafter
     k: int | str = "auto"
+    min_p: float = 0.0
+    controls: LogitControls | None = None  # penalties, logit bias, grammar, logprobs (None: none of them)
 
 
 def _describe(value: Any) -> str:
@@ -135,28 +159,25 @@ def _stop(body: dict) -> list[str]:
     return [s for s in value if s]
 
 
-def _reject_unsupported(body: dict) -> None:
-    """Parameters that would change the output in ways this server does not implement: refuse, don't ignore."""
-    unsupported = {
-        "best_of": lambda v: v not in (None, 1),
-        "echo": lambda v: bool(v),
-        "logprobs": lambda v: v not in (None, False, 0),
-        "top_logprobs": lambda v: v not in (None, 0),
-        "logit_bias": lambda v: bool(v),
-        "presence_penalty": lambda v: v not in (None, 0, 0.0),
-        "frequency_penalty": lambda v: v not in (None, 0, 0.0),
-        "suffix": lambda v: bool(v),
-        "tools": lambda v: bool(v),
-        "functions": lambda v: bool(v),
-        "response_format": lambda v: v is not None and not (isinstance(v, dict) and v.get("type") == "text"),
-    }
-    for name, is_set in unsupported.items():
-        try:
-            set_ = is_set(body.get(name))
-        except Exception:  # an unhashable value for an `in` test: certainly not the default
-            set_ = True
-        if set_:
+def _unset(value) -> bool:
+    """An OpenAI field left at its default: absent, null, false, 0, empty, or the text-only choices."""
+    if value is None or value is False or value in ("", [], {}, ["text"], {"type": "text"}):
+        return True
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value in (0, 1)  # n, best_of: 1
+
+
+def _check_fields(body: dict, kind: str) -> None:
+    """The rule above: refuse what this server would otherwise ignore or do differently."""
+    implemented = IMPLEMENTED["common"] | IMPLEMENTED[kind]
+    unsupported = UNSUPPORTED_CHAT if kind == "chat" else UNSUPPORTED_COMPLETION
+    for name, value in body.items():
+        if name in implemented or name in IGNORED:
+            continue
+        if name in unsupported:
+            if _unset(value):
+                continue
             raise _bad(name, f"'{name}' is not supported by this server", "unsupported_parameter")
+        raise _bad(name, f"unknown parameter '{name}'", "unknown_parameter")
 
 
 def _speculative(body: dict) -> tuple[str | None, int | str]:
@@ -180,7 +201,7 @@ def _speculative(body: dict) -> tuple[str | None, int | str]:
 
 
 def _common(body: dict, kind: str, prompt, max_tokens_field: str = "max_tokens") -> GenerationRequest:
-    _reject_unsupported(body)
+    _check_fields(body, kind)
     model = _string(body, "model", required=True)
     n = _integer(body, "n", 1)
     if n != 1:
@@ -212,7 +233,79 @@ def _common(body: dict, kind: str, prompt, max_tokens_field: str = "max_tokens")
         user=_string(body, "user"),
         drafter=drafter,
         k=k,
+        min_p=_bounded(body, "min_p", 0.0, 0.0, 1.0),
+        controls=_controls(body, kind),
     )
+
+
+def _bounded(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = _number(body, name, default)
+    if not low <= value <= high:
+        raise _bad(name, f"'{name}' must be in {low:g}..{high:g}, got {value:g}")
+    return value
+
+
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    value = body.get("logit_bias")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise _bad("logit_bias", f"'logit_bias' must be an object of token ids to numbers, got {_describe(value)}",
+                   "invalid_type")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise _bad("logit_bias", f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens, got {len(value)}")
+    out = []
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise _bad("logit_bias", f"'logit_bias' keys must be token ids, got {key!r}")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise _bad("logit_bias", f"'logit_bias' values must be numbers in -100..100, got {bias!r} for {key}")
+        out.append((int(key), float(bias)))
+    return tuple(sorted(out))
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many alternatives to report per token (None: no log-probabilities)."""
+    most = MAX_TOP_LOGPROBS[kind]
+    if kind == "completion":  # an integer 0..5, the alternatives
+        return _integer(body, "logprobs", None, minimum=0, maximum=most)
+    top = _integer(body, "top_logprobs", None, minimum=0, maximum=most)
+    if not _boolean(body, "logprobs", False):
+        if top:
+            raise _bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+        return None
+    return top or 0
+
+
+def _response_format(body: dict) -> GrammarSpec | None:
+    value = body.get("response_format")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise _bad("response_format", "'response_format' must be an object with a 'type'", "invalid_type")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarSpec("json_object", "")
+    if kind != "json_schema":
+        raise _bad("response_format.type", f"'response_format.type' must be text, json_object or json_schema, got {kind!r}")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise _bad("response_format.json_schema", "'response_format.json_schema' must be an object with a 'schema' object",
+                   "invalid_type")
+    return GrammarSpec("json_schema", json.dumps(spec.get("schema", {})))
+
+
+def _controls(body: dict, kind: str) -> LogitControls | None:
+    penalties = {name: _bounded(body, name, 0.0, -2.0, 2.0) for name in ("presence_penalty", "frequency_penalty")}
+    repetition = _number(body, "repetition_penalty", 1.0)
+    if not 0 < repetition <= 10:
+        raise _bad("repetition_penalty", f"'repetition_penalty' must be in (0, 10], got {repetition:g}")
+    controls = LogitControls(**penalties, repetition_penalty=repetition, logit_bias=_logit_bias(body),
+                             grammar=_response_format(body) if kind == "chat" else None,
+                             logprobs=_logprobs(body, kind))
+    return None if controls == LogitControls() else controls
 
 
 def parse_json_body(raw: bytes) -> dict:

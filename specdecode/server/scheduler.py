@@ -24,6 +24,7 @@ from ..drafters.registry import available_drafters
 from ..errors import ChatTemplateError, InputError, SpecDecodeError
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
+from .logprobs import describe
 from .protocol import ApiError, GenerationRequest
 
 log = logging.getLogger("specdecode.server")
@@ -131,6 +132,7 @@ class Step:
     final_stats: object = None  # the engine's GenerationStats, on the last step only
     replica: str | None = None  # which engine replica ran it (a cluster's entry point fills it in)
     sources: list[str] = field(default_factory=list)  # per token: the source of an accepted draft token, else ""
+    logprobs: list = field(default_factory=list)  # per token, its entry in chat's logprobs shape (logprobs.py)
 
 
 class Scheduler:
@@ -380,11 +382,12 @@ class Scheduler:
                            f" {len(prompt_ids) + max_tokens} ({len(prompt_ids)} in the prompt, {max_tokens} to"
                            " generate); lower max_tokens or shorten the prompt",
                            param="max_tokens", code="context_length_exceeded")
-        sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
+        sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed, request.min_p)
         drafter = request.drafter or self.default_drafter
         job.ticket = self.batch.submit(
             prompt_ids, drafter=drafter, k=request.k, sampling=sampling, max_new_tokens=max_tokens,
             stop=request.stop, max_k=self.max_k, should_stop=self._should_stop(job), namespace=job.namespace,
+            controls=request.controls,
         )
         return len(prompt_ids)
 
@@ -423,14 +426,14 @@ class Scheduler:
                 messages.append((job, ("step", self._as_step(event))))
         return messages
 
-    @staticmethod
-    def _as_step(event) -> Step:
+    def _as_step(self, event) -> Step:
         stats = event.stats
         # "cancelled" is the engine's word; the only client that can still read it is one whose generation
         # the server cut at shutdown, for which OpenAI's vocabulary says "length".
         reason = ("length" if stats.finish_reason == "cancelled" else stats.finish_reason) if event.finished else None
         return Step(event.text, list(event.tokens), list(event.origins), list(event.pieces),
-                    stats.brief(), event.finished, reason, stats if event.finished else None, sources=list(event.sources))
+                    stats.brief(), event.finished, reason, stats if event.finished else None, sources=list(event.sources),
+                    logprobs=describe(self.engine.tokenizer, self.engine.target.vocab_size, event.logprobs))
 
     def _finish(self, job: Job, event: tuple) -> None:
         """Hand the job its last event; from here on a disconnect of its client cancels nothing."""

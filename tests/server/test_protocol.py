@@ -19,6 +19,38 @@ def test_completion_defaults_and_fields():
     assert parse_completion({**BASE, "prompt": ["one"]}).prompt == "one"
     assert parse_completion({**BASE, "prompt": [1, 2, 3]}).prompt == [1, 2, 3]
     assert parse_completion({**BASE, "n": 1, "logprobs": None, "presence_penalty": 0}).prompt == "hi"
+    assert plain.controls is None and plain.min_p == 0.0
+
+
+def test_sampling_controls_logprobs_and_response_format():
+    req = parse_completion({**BASE, "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2,
+                            "logit_bias": {"7": -100, "3": 2.5}, "min_p": 0.1, "logprobs": 2,
+                            "metadata": {"a": "b"}})
+    c = req.controls
+    assert (c.presence_penalty, c.frequency_penalty, c.repetition_penalty) == (0.5, -1.0, 1.2)
+    assert c.logit_bias == ((3, 2.5), (7, -100.0)) and c.logprobs == 2 and req.min_p == 0.1 and c.grammar is None
+    chat = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+                       "top_logprobs": 4, "response_format": {"type": "json_schema", "json_schema": {
+                           "name": "x", "schema": {"type": "object"}, "strict": True}}})
+    assert chat.controls.logprobs == 4 and chat.controls.grammar.kind == "json_schema"
+    assert parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}).controls.logprobs == 0
+    assert parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": False,
+                       "response_format": {"type": "text"}}).controls is None
+
+
+@pytest.mark.parametrize("change, param", [
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"response_format": "json"}, "response_format"),
+    ({"audio": {"voice": "x"}}, "audio"),
+    ({"n": 3}, "n"),
+])
+def test_chat_field_rejections(change, param):
+    with pytest.raises(ApiError) as err:
+        parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], **change})
+    assert err.value.status == 400 and err.value.param == param
 
 
 def test_chat_messages_and_content_parts():
@@ -55,9 +87,18 @@ def test_chat_messages_and_content_parts():
     ({"speculative": {"k": "many"}}, "speculative.k"),
     ({"speculative": {"depth": 2}}, "speculative"),
     ({"best_of": 3}, "best_of"),
-    ({"logprobs": 2}, "logprobs"),
+    ({"logprobs": 6}, "logprobs"),
+    ({"logprobs": True}, "logprobs"),
     ({"echo": True}, "echo"),
-    ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"logit_bias": {"one": 5}}, "logit_bias"),
+    ({"logit_bias": {"1": 101}}, "logit_bias"),
+    ({"logit_bias": [1]}, "logit_bias"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": "x"}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"guided_json": {}}, "guided_json"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
 ])
 def test_completion_rejections_name_the_param(change, param):
     body = {**BASE, **change}
