@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..drafters.registry import DRAFTER_NAMES
+from ..grammar import GrammarSpec
 
-CHAT_ROLES = {"system", "user", "assistant", "developer"}
+CHAT_ROLES = {"system", "user", "assistant", "developer", "tool"}
 MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1
 MAX_TEMPERATURE = 2.0  # OpenAI's range
@@ -58,6 +59,12 @@ class GenerationRequest:
     user: str | None = None
     drafter: str | None = None  # None: the server's default drafter
     k: int | str = "auto"
+    # chat only (server/tools.py): the function tools rendered into the prompt and whose calls are parsed from the
+    # answer (None: none, or tool_choice "none"), tool_choice, and whether several calls may be answered at once
+    tools: list[dict] | None = None
+    tool_choice: str | dict = "none"
+    parallel_tool_calls: bool = True
+    grammar: GrammarSpec | None = None  # what the answer must match, enforced by the engine
 
 
 def _describe(value: Any) -> str:
@@ -146,7 +153,6 @@ def _reject_unsupported(body: dict) -> None:
         "presence_penalty": lambda v: v not in (None, 0, 0.0),
         "frequency_penalty": lambda v: v not in (None, 0, 0.0),
         "suffix": lambda v: bool(v),
-        "tools": lambda v: bool(v),
         "functions": lambda v: bool(v),
         "response_format": lambda v: v is not None and not (isinstance(v, dict) and v.get("type") == "text"),
     }
@@ -275,6 +281,8 @@ def _message_text(content, index: int) -> str:
 
 
 def parse_chat(body: dict) -> GenerationRequest:
+    from .tools import parse_tool_options, tool_constraint, tool_message
+
     messages = body.get("messages")
     if messages is None:
         raise _bad("messages", "you must provide 'messages'", "missing_required_parameter")
@@ -287,9 +295,15 @@ def parse_chat(body: dict) -> GenerationRequest:
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise _bad(f"messages[{index}].role", f"message role must be one of {', '.join(sorted(CHAT_ROLES))}, got {role!r}")
+        if role == "tool" or (role == "assistant" and message.get("tool_calls") is not None):
+            cleaned.append(tool_message(message, index, _message_text))
+            continue
         content = message.get("content")
         if content is None:
             raise _bad(f"messages[{index}].content", "each message needs 'content'", "missing_required_parameter")
         cleaned.append({"role": "system" if role == "developer" else role, "content": _message_text(content, index)})
     field_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _common(body, "chat", cleaned, field_name)
+    request = _common(body, "chat", cleaned, field_name)
+    request.tools, request.tool_choice, request.parallel_tool_calls = parse_tool_options(body)
+    request.grammar = tool_constraint(request.tools, request.tool_choice, request.parallel_tool_calls)
+    return request

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..batch import BatchEngine, Ticket
 from ..drafters.registry import available_drafters
-from ..errors import ChatTemplateError, InputError, SpecDecodeError
+from ..errors import ChatTemplateError, InputError, SpecDecodeError, ToolsUnsupported
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest
@@ -355,7 +355,12 @@ class Scheduler:
 
     def _encode(self, request: GenerationRequest) -> list[int]:
         try:  # the engine checks token ids and emptiness; the API names the field at fault
+            if request.tools:  # listed by the chat template
+                tokenizer = self.engine.tokenizer
+                return tokenizer.encode(tokenizer.chat_prompt(request.prompt, tools=request.tools))
             return self.engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
+        except ToolsUnsupported as exc:
+            raise ApiError(400, str(exc), param="tools", code="tools_unsupported") from None
         except InputError as exc:
             code = "chat_template_error" if isinstance(exc, ChatTemplateError) else "invalid_prompt"
             raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code=code) from None
