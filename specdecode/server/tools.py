@@ -235,11 +235,26 @@ def _call(block: str) -> dict | None:
     return {"id": new_call_id(), "type": "function", "function": {"name": parsed["name"], "arguments": arguments}}
 
 
-def parse_tool_calls(text: str, parallel: bool = True) -> tuple[str | None, list[dict]]:
+def _bare_call(text: str, tools: list[dict] | None) -> dict | None:
+    """A whole answer that is one call's JSON without the tags (small Qwen models answer so), perhaps in a ```json
+    fence, as a call; only when it names one of the tools."""
+    text = text.strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.S)
+    call = _call(fenced.group(1) if fenced else text)
+    names = {tool["function"]["name"] for tool in tools or ()}
+    return call if call is not None and call["function"]["name"] in names else None
+
+
+def _may_be_bare_call(text: str) -> bool:
+    text = text.lstrip()
+    return text.startswith(("{", "```json")) or "```json".startswith(text)
+
+
+def parse_tool_calls(text: str, tools: list[dict] | None = None, parallel: bool = True) -> tuple[str | None, list[dict]]:
     """(content, calls) of an answer: the calls of its complete `<tool_call>` blocks, in order, and the text
-    outside them, stripped (None when empty). A block that holds no valid call, or one cut off, stays text.
-    Without `parallel`, the first call only."""
-    stream = ToolCallStream(parallel)
+    outside them, stripped (None when empty). A block that holds no valid call, or one cut off, stays text; an
+    answer that is a call to one of `tools` without the tags is that call. Without `parallel`, the first call only."""
+    stream = ToolCallStream(parallel, tools)
     stream.feed(text)
     stream.finish()
     return stream.content(), stream.completed
@@ -251,8 +266,10 @@ class ToolCallStream:
     {"tool_calls": [{"index", "function": {"arguments"}}]}. Text that may be the start of `<tool_call>` is held
     until known, and so is whitespace at the ends of the content (what parse_tool_calls strips)."""
 
-    def __init__(self, parallel: bool = True):
+    def __init__(self, parallel: bool = True, tools: list[dict] | None = None):
         self.parallel = parallel
+        self.tools = tools
+        self.holding = bool(tools)  # while the answer so far may be a call without tags: hold it all
         self.pending = ""  # text not yet handed on
         self.inside = False  # pending is the inside of an open <tool_call>
         self.spaces = ""  # whitespace held back: handed on only when more content follows
@@ -266,6 +283,9 @@ class ToolCallStream:
     def feed(self, text: str) -> list[dict]:
         self.pending += text
         out = []
+        if self.holding and _may_be_bare_call(self.pending):
+            return out
+        self.holding = False
         while True:
             if self.inside:
                 end = self.pending.find(TOOL_CLOSE)
@@ -291,6 +311,13 @@ class ToolCallStream:
 
     def finish(self) -> list[dict]:
         """The deltas of what is held at the end: a cut-off call is text; trailing whitespace is dropped."""
+        if self.holding:
+            self.holding = False
+            call = _bare_call(self.pending, self.tools)
+            if call is not None:
+                self.pending = ""
+                return self._call_deltas(call)
+            return self.feed("") + self.finish()
         rest = (TOOL_OPEN if self.inside else "") + self.pending
         self.pending, self.inside = "", False
         return self._text(rest)
@@ -321,9 +348,9 @@ def finish_reason(reason: str | None, calls: int) -> str | None:
     return "tool_calls" if calls and reason == "stop" else reason
 
 
-def chat_message(text: str, reason: str | None, parallel: bool = True) -> tuple[dict, str | None]:
+def chat_message(text: str, reason: str | None, tools: list[dict], parallel: bool = True) -> tuple[dict, str | None]:
     """The assistant message and finish reason of a whole answer to a request with tools."""
-    content, calls = parse_tool_calls(text, parallel)
+    content, calls = parse_tool_calls(text, tools, parallel)
     message = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls

@@ -69,11 +69,33 @@ def test_streamed_deltas_add_up_to_the_parsed_message(size):
 
 
 def test_chat_message_and_finish_reason():
-    message, reason = chat_message(TWO_CALLS, "stop")
+    message, reason = chat_message(TWO_CALLS, "stop", [WEATHER, TIME])
     assert reason == "tool_calls" and message["content"] == "Let me look." and len(message["tool_calls"]) == 2
-    message, reason = chat_message("Hello", "stop")
+    message, reason = chat_message("Hello", "stop", [WEATHER])
     assert reason == "stop" and message == {"role": "assistant", "content": "Hello"}
-    assert chat_message(TWO_CALLS, "length")[1] == "length"
+    assert chat_message(TWO_CALLS, "length", [WEATHER])[1] == "length"
+
+
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+@pytest.mark.parametrize("text, called", [
+    (BARE, True),
+    ("```json\n" + BARE + "\n```", True),
+    ('{"name": "get_wether", "arguments": {}}', False),  # not one of the tools: text
+    ('{"answer": 42}', False),
+    ("Here: " + BARE, False),  # a call without tags only as the whole answer
+])
+def test_a_whole_answer_that_is_a_call_without_tags_is_that_call(text, called):
+    content, calls = parse_tool_calls(text, [WEATHER])
+    assert (len(calls) == 1 and content is None) if called else (calls == [] and content == text)
+    stream, deltas = ToolCallStream(True, [WEATHER]), []
+    for char in text:
+        deltas += stream.feed(char)
+    deltas += stream.finish()
+    assert "".join(d.get("content", "") for d in deltas) == (content or "")
+    assert len(stream.completed) == len(calls)
+    assert parse_tool_calls(BARE)[1] == []  # without tools nothing is a bare call
 
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Weather in Paris?"}]}
