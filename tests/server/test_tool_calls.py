@@ -82,3 +82,21 @@ def test_a_template_without_tools_is_a_400_naming_tools(client):
         client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[WEATHER], max_tokens=4)
     error = caught.value.body
     assert error["param"] == "tools" and error["code"] == "tools_unsupported" and "tools" in error["message"]
+
+
+def test_responses_function_call_round_trip_streamed_and_not(qwen_client):
+    tool = {"type": "function", **WEATHER["function"]}  # the Responses API's flat shape
+    first = qwen_client.responses.create(model=QWEN, input=QUESTION[0]["content"], tools=[tool], temperature=0,
+                                         max_output_tokens=40)
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"} and call.call_id.startswith("call_")
+    events = list(qwen_client.responses.create(model=QWEN, input=QUESTION[0]["content"], tools=[tool], temperature=0,
+                                               max_output_tokens=40, stream=True))
+    types = [event.type for event in events]
+    assert "response.function_call_arguments.done" in types and types[-1] == "response.completed"
+    streamed = [item for item in events[-1].response.output if item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in streamed] == [(call.name, call.arguments)]
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"temperature_c": 23})}
+    final = qwen_client.responses.create(model=QWEN, input=[result], previous_response_id=first.id, tools=[tool],
+                                         temperature=0, max_output_tokens=40)
+    assert "23" in final.output_text and not [item for item in final.output if item.type == "function_call"]
