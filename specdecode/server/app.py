@@ -1,5 +1,5 @@
-"""OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, and
-a playground page at /.
+"""OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (with tool calls: tools.py), /v1/responses
+(responses.py), /v1/models, /health, /metrics, and a playground page at /.
 
     app = create_app(engine, "draft", "smollm2-135m")      # testable: any ASGI server can run it
     specdecode serve --model smollm2-135m --draft lookup    # run_server(args): uvicorn + signal handling
