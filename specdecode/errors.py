@@ -19,3 +19,7 @@ class InputError(SpecDecodeError):
 
 class ChatTemplateError(InputError):
     """The model's chat template refuses the messages (its raise_exception) or cannot render them."""
+
+
+class ToolsUnsupported(ChatTemplateError):
+    """The model's chat template has no place for tools: it renders a chat the same with and without them."""

@@ -6,7 +6,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from .errors import ChatTemplateError, InputError
+from .errors import ChatTemplateError, InputError, ToolsUnsupported
 
 
 class ChatPrompt(str):
@@ -58,32 +58,35 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    def chat_prompt(self, messages: list[dict]) -> str:
-        """The chat as prompt text. Where message content holds control-token strings, a ChatPrompt, which `encode`
-        tokenizes with those strings as text: only the template writes control tokens. Other chats are plain text,
-        tokenized as they always were."""
-        text = self._render(messages)
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The chat as prompt text, with `tools` (OpenAI function tools) listed as the template lists them. Where a
+        message or tool holds control-token strings, a ChatPrompt, which `encode` tokenizes with those strings as
+        text: only the template writes control tokens. Other chats are plain text, tokenized as they always were."""
+        text = self._render(messages, tools)
         controls, _ = self._control_tokens
-        contents = [m["content"] for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str)]
-        if controls is None or not any(controls.search(content) for content in contents):
+        if controls is None or not any(controls.search(string) for string in _strings([messages, tools])):
             return text
         mark = next((chr(c) for c in range(0xE000, 0xF900) if chr(c) not in text), None)  # Unicode's private use area
         if mark is None:
             raise InputError("message content holds control tokens and every private-use character")
-        marked = [{**m, "content": controls.sub(lambda found: mark + found.group(0) + mark, m["content"])}
-                  if isinstance(m, dict) and isinstance(m.get("content"), str) else m for m in messages]
+        marked = _map_strings([messages, tools], lambda string: controls.sub(lambda found: mark + found.group(0) + mark, string))
         prompt = ChatPrompt(text)
-        prompt.marked = self._render(marked)
+        prompt.marked = self._render(*marked)
         prompt.mark = mark
         return prompt
 
-    def _render(self, messages: list[dict]) -> str:
+    def _render(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         """The template's text for these messages. A template that refuses them (its raise_exception: roles that
-        do not alternate, a system message where none is allowed) or fails on them is a ChatTemplateError."""
+        do not alternate, a system message where none is allowed) or fails on them is a ChatTemplateError, and so
+        is one that leaves the tools out (it has no tools support)."""
         from jinja2 import TemplateError
 
         try:
-            return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.hf.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+            if tools and text == self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False):
+                raise ToolsUnsupported("the model's chat template does not render 'tools' (it has no tools support);"
+                                       " send the request without tools, or serve a model whose template lists them")
+            return text
         except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
             raise ChatTemplateError(f"the model's chat template cannot render these messages ({type(exc).__name__}:"
                                     f" {exc})") from None
@@ -143,3 +146,26 @@ class Tokenizer:
         for token, tid in sorted(vocab.items(), key=lambda item: item[1]):
             digest.update(f"{tid}\t{token}\n".encode("utf-8", "surrogatepass"))
         return digest.hexdigest()
+
+
+def _strings(value):
+    """Every string inside nested lists and dicts, keys too (a tool's parameter names are rendered as well)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, (list, dict)):
+        for item in value:
+            yield from _strings(item)
+        if isinstance(value, dict):
+            for item in value.values():
+                yield from _strings(item)
+
+
+def _map_strings(value, change):
+    """`value` with `change` applied to each string `_strings` yields."""
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, list):
+        return [_map_strings(item, change) for item in value]
+    if isinstance(value, dict):
+        return {change(key) if isinstance(key, str) else key: _map_strings(item, change) for key, item in value.items()}
+    return value

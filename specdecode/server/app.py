@@ -1,5 +1,5 @@
-"""OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, and
-a playground page at /.
+"""OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (with tool calls: tools.py), /v1/responses
+(responses.py), /v1/models, /health, /metrics, and a playground page at /.
 
     app = create_app(engine, "draft", "smollm2-135m")      # testable: any ASGI server can run it
     specdecode serve --model smollm2-135m --draft lookup    # run_server(args): uvicorn + signal handling
@@ -37,12 +37,14 @@ from .local import LocalBackend
 from .logprobs import chat_logprobs, completion_logprobs
 from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion, parse_json_body
+from .responses import ChatHost, register_responses
 from .scheduler import Scheduler, Step
+from .tools import ToolCallStream, chat_message, finish_reason
 
 log = logging.getLogger("specdecode.server")
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
-API_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/")
+API_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics", "/")
 
 
 def queue_lane(key_id: str, client: str) -> str:
@@ -89,7 +91,7 @@ class RequestCounter:
         finally:
             path = scope.get("path", "")
             if path not in API_ENDPOINTS:
-                path = "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+                path = next((f"{base}/{{id}}" for base in ("/v1/models", "/v1/responses") if path.startswith(base + "/")), "other")
             self.metrics.requests.labels(path, status).inc()
 
 
@@ -164,6 +166,27 @@ def response_logprobs(gen: GenerationRequest, entries: list[dict], text_offset: 
     if gen.controls is None or gen.controls.logprobs is None:
         return None
     return chat_logprobs(entries) if gen.kind == "chat" else completion_logprobs(entries, text_offset)
+
+
+async def gather_steps(ticket, watch: DisconnectWatch) -> tuple[str, Step, list[int], list[str], list[str], list[dict]]:
+    """A whole generation: (text, last step, tokens, origins, sources, logprob entries)."""
+    text, tokens, origins, sources, logprobs = [], [], [], [], []
+    while True:
+        message = await watch.wait(ticket.next())
+        if message[0] == "error":
+            raise message[1]
+        step: Step = message[1]
+        text.append(step.text)
+        tokens.extend(step.tokens)
+        origins.extend(step.origins)
+        sources.extend(step.sources)
+        logprobs.extend(step.logprobs)
+        if step.finished:
+            break
+    # A stop string completed a step later can withdraw tokens already handed on: keep the answer's own.
+    answer = step.stats["generated_tokens"]
+    del tokens[answer:], origins[answer:], sources[answer:], logprobs[answer:]
+    return "".join(text), step, tokens, origins, sources, logprobs
 
 
 def _sse(payload) -> str:
@@ -281,17 +304,27 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                                "max_context": backend.max_context}}
 
     # ------------------------------------------------------------------ generation
+    def namespace_of(request: Request, key_id: str, user: str | None) -> str:
+        client = request.client.host if request.client else "?"
+        presented = "" if api_keys else request.headers.get("authorization", "")
+        return request_namespace(key_id, client, user, presented)
+
     async def generate(request: Request, kind: str):
         key_id = check_api_key(request)
         body = await read_body(request)
         gen = parse_chat(body) if kind == "chat" else parse_completion(body)
+        return await run_generation(request, gen, key_id, lambda ticket, watch: collect(ticket, gen, watch),
+                                    lambda ticket: stream_chunks(ticket, gen))
+
+    async def run_generation(request: Request, gen: GenerationRequest, key_id: str, answer, stream):
+        """Queue `gen`, wait for its start, then answer: `await answer(ticket, watch)` (a JSON body) or, for a
+        streamed request, server-sent events from `stream(ticket)`."""
         check_model(gen.model)
         if gen.drafter is not None and gen.drafter not in backend.drafters:
             raise ApiError(400, f"drafter '{gen.drafter}' needs a draft model; this server has none (try 'lookup')",
                            param="speculative.drafter", code="drafter_unavailable")
         client = request.client.host if request.client else "?"
-        presented = "" if api_keys else request.headers.get("authorization", "")
-        ticket = await backend.submit(gen, queue_lane(key_id, client), request_namespace(key_id, client, gen.user, presented))
+        ticket = await backend.submit(gen, queue_lane(key_id, client), namespace_of(request, key_id, gen.user))
         watch = DisconnectWatch(request)
         try:
             first = await watch.wait(ticket.next())  # waits in the queue, then for the tokenizer and checks
@@ -299,9 +332,9 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                 raise first[1]
             if gen.stream:
                 watch.close()  # from here the streaming response watches the connection itself
-                return JobStreamingResponse(stream_chunks(ticket, gen), ticket, media_type="text/event-stream",
+                return JobStreamingResponse(stream(ticket), ticket, media_type="text/event-stream",
                                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-            return await collect(ticket, gen, watch)
+            return await answer(ticket, watch)
         except ClientGone:
             ticket.cancel("client_disconnected")
             return Response(status_code=499)  # nobody reads it; logs and metrics do
@@ -316,25 +349,13 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             "chat.completion" if kind == "chat" else "text_completion"
 
     async def collect(ticket, gen: GenerationRequest, watch: DisconnectWatch):
-        text, tokens, origins, sources, logprobs = [], [], [], [], []
-        while True:
-            message = await watch.wait(ticket.next())
-            if message[0] == "error":
-                raise message[1]
-            step: Step = message[1]
-            text.append(step.text)
-            tokens.extend(step.tokens)
-            origins.extend(step.origins)
-            sources.extend(step.sources)
-            logprobs.extend(step.logprobs)
-            if step.finished:
-                break
-        # A stop string completed a step later can withdraw tokens already handed on: keep the answer's own.
-        answer = step.stats["generated_tokens"]
-        del tokens[answer:], origins[answer:], sources[answer:], logprobs[answer:]
+        text, step, tokens, origins, sources, logprobs = await gather_steps(ticket, watch)
         response_id, obj = ids(gen.kind)
-        text = "".join(text)
-        if gen.kind == "chat":
+        if gen.kind == "chat" and gen.tools:
+            message, reason = chat_message(text, step.finish_reason, gen.tools, gen.parallel_tool_calls)
+            choice = {"index": 0, "message": message, "logprobs": response_logprobs(gen, logprobs),
+                      "finish_reason": reason}
+        elif gen.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
                       "logprobs": response_logprobs(gen, logprobs), "finish_reason": step.finish_reason}
         else:
@@ -355,11 +376,12 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
 
         streamed = [0]  # characters of token text sent so far (the completions API's text offsets)
 
-        def chunk(text: str | None, finish_reason=None, extra=None, role=False, logprobs=()) -> dict:
+        def chunk(text: str | None, finish_reason=None, extra=None, role=False, delta=None, logprobs=()) -> dict:
             described = response_logprobs(gen, list(logprobs), streamed[0])
             streamed[0] += sum(len(entry["token"]) for entry in logprobs)
             if gen.kind == "chat":
-                delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+                if delta is None:
+                    delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
                 choice = {"index": 0, "delta": delta, "logprobs": described, "finish_reason": finish_reason}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": described, "finish_reason": finish_reason}
@@ -369,6 +391,7 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                 payload.update(extra)
             return payload
 
+        calls = ToolCallStream(gen.parallel_tool_calls, gen.tools) if gen.kind == "chat" and gen.tools else None
         if gen.kind == "chat":
             yield _sse(chunk(None, role=True))
         while True:
@@ -385,8 +408,15 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                 extra["specdecode"]["replica"] = step.replica
             if step.finished:
                 extra["usage"] = _usage(step.stats, expose_timings)
-            yield _sse(chunk(step.text if step.text or not step.finished else None,
-                             step.finish_reason if step.finished else None, extra, logprobs=step.logprobs))
+            if calls is not None:  # text outside calls as content, each call as tool_calls deltas
+                deltas = calls.feed(step.text) + (calls.finish() if step.finished else [])
+                reason = finish_reason(step.finish_reason, len(calls.completed)) if step.finished else None
+                for delta in deltas[:-1]:
+                    yield _sse(chunk(None, delta=delta))
+                yield _sse(chunk(None, reason, extra, delta=deltas[-1] if deltas else {}, logprobs=step.logprobs))
+            else:
+                yield _sse(chunk(step.text if step.text or not step.finished else None,
+                                 step.finish_reason if step.finished else None, extra, logprobs=step.logprobs))
             if step.finished:
                 if gen.include_usage:
                     usage_chunk = chunk(None)
@@ -395,6 +425,8 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                     yield _sse(usage_chunk)
                 break
         yield "data: [DONE]\n\n"
+
+    register_responses(app, ChatHost(model_name, check_api_key, read_body, namespace_of, run_generation, gather_steps))
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..controls import LogitControls
 from ..drafters.registry import DRAFTER_NAMES
 from ..grammar import GrammarSpec
 
-CHAT_ROLES = {"system", "user", "assistant", "developer"}
+CHAT_ROLES = {"system", "user", "assistant", "developer", "tool"}
 MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1
 MAX_TEMPERATURE = 2.0  # OpenAI's range
@@ -31,12 +31,13 @@ IMPLEMENTED = {
     "common": {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
                "stream_options", "user", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",
                "logit_bias", "logprobs", "speculative"},
-    "chat": {"messages", "max_completion_tokens", "top_logprobs", "response_format"},
+    "chat": {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
+             "parallel_tool_calls"},
     "completion": {"prompt"},
 }
 IGNORED = {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
 UNSUPPORTED_CHAT = {"audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
-                    "reasoning_effort", "verbosity", "tools", "tool_choice", "parallel_tool_calls"}
+                    "reasoning_effort", "verbosity"}
 UNSUPPORTED_COMPLETION = {"best_of", "echo", "suffix"}
 
 
@@ -81,7 +82,19 @@ class GenerationRequest:
     drafter: str | None = None  # None: the server's default drafter
     k: int | str = "auto"
     min_p: float = 0.0
-    controls: LogitControls | None = None  # penalties, logit bias, grammar, logprobs (None: none of them)
+    controls: LogitControls | None = None  # penalties, logit bias, logprobs (None: none of them)
+    # chat only (server/tools.py): the function tools rendered into the prompt and whose calls are parsed from the
+    # answer (None: none, or tool_choice "none"), tool_choice, and whether several calls may be answered at once
+    tools: list[dict] | None = None
+    tool_choice: str | dict = "none"
+    parallel_tool_calls: bool = True
+    grammar: GrammarSpec | None = None  # what the answer must match (response_format, a compulsory tool call)
+
+    def engine_controls(self) -> LogitControls | None:
+        """What the engine applies to each row: the controls with the grammar."""
+        if self.grammar is None:
+            return self.controls
+        return replace(self.controls or LogitControls(), grammar=self.grammar)
 
 
 def _describe(value: Any) -> str:
@@ -235,6 +248,7 @@ def _common(body: dict, kind: str, prompt, max_tokens_field: str = "max_tokens")
         k=k,
         min_p=_bounded(body, "min_p", 0.0, 0.0, 1.0),
         controls=_controls(body, kind),
+        grammar=_response_format(body) if kind == "chat" else None,
     )
 
 
@@ -303,7 +317,6 @@ def _controls(body: dict, kind: str) -> LogitControls | None:
     if not 0 < repetition <= 10:
         raise _bad("repetition_penalty", f"'repetition_penalty' must be in (0, 10], got {repetition:g}")
     controls = LogitControls(**penalties, repetition_penalty=repetition, logit_bias=_logit_bias(body),
-                             grammar=_response_format(body) if kind == "chat" else None,
                              logprobs=_logprobs(body, kind))
     return None if controls == LogitControls() else controls
 
@@ -368,6 +381,8 @@ def _message_text(content, index: int) -> str:
 
 
 def parse_chat(body: dict) -> GenerationRequest:
+    from .tools import parse_tool_options, tool_constraint, tool_message
+
     messages = body.get("messages")
     if messages is None:
         raise _bad("messages", "you must provide 'messages'", "missing_required_parameter")
@@ -380,9 +395,19 @@ def parse_chat(body: dict) -> GenerationRequest:
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise _bad(f"messages[{index}].role", f"message role must be one of {', '.join(sorted(CHAT_ROLES))}, got {role!r}")
+        if role == "tool" or (role == "assistant" and message.get("tool_calls") is not None):
+            cleaned.append(tool_message(message, index, _message_text))
+            continue
         content = message.get("content")
         if content is None:
             raise _bad(f"messages[{index}].content", "each message needs 'content'", "missing_required_parameter")
         cleaned.append({"role": "system" if role == "developer" else role, "content": _message_text(content, index)})
     field_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return _common(body, "chat", cleaned, field_name)
+    request = _common(body, "chat", cleaned, field_name)
+    request.tools, request.tool_choice, request.parallel_tool_calls = parse_tool_options(body)
+    calls = tool_constraint(request.tools, request.tool_choice, request.parallel_tool_calls)
+    if calls is not None:
+        if request.grammar is not None:
+            raise _bad("response_format", "a required tool_choice already constrains the answer; drop 'response_format'")
+        request.grammar = calls
+    return request

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..batch import BatchEngine, Ticket
 from ..drafters.registry import available_drafters
-from ..errors import ChatTemplateError, InputError, SpecDecodeError
+from ..errors import ChatTemplateError, InputError, SpecDecodeError, ToolsUnsupported
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
 from .logprobs import describe
@@ -357,7 +357,12 @@ class Scheduler:
 
     def _encode(self, request: GenerationRequest) -> list[int]:
         try:  # the engine checks token ids and emptiness; the API names the field at fault
+            if request.tools:  # listed by the chat template
+                tokenizer = self.engine.tokenizer
+                return tokenizer.encode(tokenizer.chat_prompt(request.prompt, tools=request.tools))
             return self.engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
+        except ToolsUnsupported as exc:
+            raise ApiError(400, str(exc), param="tools", code="tools_unsupported") from None
         except InputError as exc:
             code = "chat_template_error" if isinstance(exc, ChatTemplateError) else "invalid_prompt"
             raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code=code) from None
@@ -387,7 +392,7 @@ class Scheduler:
         job.ticket = self.batch.submit(
             prompt_ids, drafter=drafter, k=request.k, sampling=sampling, max_new_tokens=max_tokens,
             stop=request.stop, max_k=self.max_k, should_stop=self._should_stop(job), namespace=job.namespace,
-            controls=request.controls,
+            controls=request.engine_controls(),
         )
         return len(prompt_ids)
 

@@ -32,7 +32,8 @@ def test_sampling_controls_logprobs_and_response_format():
     chat = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
                        "top_logprobs": 4, "response_format": {"type": "json_schema", "json_schema": {
                            "name": "x", "schema": {"type": "object"}, "strict": True}}})
-    assert chat.controls.logprobs == 4 and chat.controls.grammar.kind == "json_schema"
+    assert chat.controls.logprobs == 4 and chat.grammar.kind == "json_schema"
+    assert chat.engine_controls().grammar == chat.grammar and chat.engine_controls().logprobs == 4
     assert parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True}).controls.logprobs == 0
     assert parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": False,
                        "response_format": {"type": "text"}}).controls is None

@@ -1,0 +1,417 @@
+"""OpenAI's Responses API over the chat route: POST /v1/responses, GET and DELETE /v1/responses/{id}.
+
+A request becomes a chat request: the instructions as the system message, the messages of the stored chain
+(`previous_response_id`) and the new input items, tools and tool_choice in the chat shape; protocol.parse_chat
+checks it and the same backend generates it. The conversation so reaches the engine as the chat it is, so the
+engine reuses its cached prefix and copies from earlier answers as it does for any chat.
+
+Stored responses (store: true, the default) live in this process's memory, per client namespace (the key id,
+peer address and, on a server without keys, the bearer token: app.request_namespace without `user`), at most
+`per_namespace` each and `total` in all, oldest dropped first. Another namespace's id is not found, exactly as
+an id that never existed.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+from fastapi import FastAPI, Request
+
+from ..grammar import GrammarSpec
+from .protocol import ApiError, GenerationRequest, parse_chat
+from .tools import ToolCallStream, function_definition, parse_tool_calls
+
+INPUT_ROLES = {"user", "system", "developer", "assistant"}
+TEXT_PARTS = {"input_text", "output_text"}
+
+
+@dataclass
+class ChatHost:
+    """What the chat app lends this route: its checks, its namespaces and its generation runner."""
+
+    model_name: str
+    check_api_key: Callable  # (request) -> key id
+    read_body: Callable  # async (request) -> dict
+    namespace_of: Callable  # (request, key id, user) -> namespace
+    run_generation: Callable  # async (request, GenerationRequest, key id, answer, stream) -> response
+    gather: Callable  # async (ticket, watch) -> (text, last step, ...)
+
+
+@dataclass
+class Stored:
+    namespace: str
+    response: dict
+    messages: list[dict]  # the conversation in chat shape, answer included, instructions not
+
+
+@dataclass
+class ResponseStore:
+    per_namespace: int = 100
+    total: int = 2000
+    _items: OrderedDict = field(default_factory=OrderedDict)  # id -> Stored, oldest first
+
+    def get(self, namespace: str, response_id) -> Stored | None:
+        item = self._items.get(response_id) if isinstance(response_id, str) else None
+        return item if item is not None and item.namespace == namespace else None
+
+    def put(self, response_id: str, item: Stored) -> None:
+        self._items[response_id] = item
+        mine = [key for key, held in self._items.items() if held.namespace == item.namespace]
+        for key in mine[: max(0, len(mine) - self.per_namespace)]:
+            del self._items[key]
+        while len(self._items) > self.total:
+            self._items.popitem(last=False)
+
+    def delete(self, namespace: str, response_id: str) -> bool:
+        if self.get(namespace, response_id) is None:
+            return False
+        del self._items[response_id]
+        return True
+
+
+def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def not_found(response_id) -> ApiError:
+    return ApiError(404, f"no response with id '{str(response_id)[:100]}' is stored", param="previous_response_id",
+                    code="previous_response_not_found")
+
+
+# ---------------------------------------------------------------------- the request, as a chat
+def _text(content, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for index, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") in TEXT_PARTS and isinstance(part.get("text"), str)):
+                raise _bad(f"{param}[{index}]", "only text content parts ({\"type\": \"input_text\" or \"output_text\","
+                           " \"text\": ...}) are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise _bad(param, "content must be a string or an array of text parts", "invalid_type")
+
+
+def input_messages(value) -> list[dict]:
+    """The `input` (a string, or a list of items) as chat messages."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise _bad("input", "'input' must be a string or a non-empty array of items",
+                   "missing_required_parameter" if value is None else "invalid_type")
+    messages = []
+    for index, item in enumerate(value):
+        param = f"input[{index}]"
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message":
+            if item.get("role") not in INPUT_ROLES:
+                raise _bad(f"{param}.role", f"role must be one of {', '.join(sorted(INPUT_ROLES))}, got {item.get('role')!r}")
+            messages.append({"role": item["role"], "content": _text(item.get("content"), f"{param}.content")})
+        elif kind == "function_call":
+            call = _function_call(item, param)
+            if messages and messages[-1]["role"] == "assistant":  # the calls of one turn join its text
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise _bad(f"{param}.call_id", "a function_call_output needs 'call_id'", "missing_required_parameter")
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": _text(item.get("output"), f"{param}.output")})
+        else:
+            raise _bad(f"{param}.type" if isinstance(item, dict) else param, "input items must be messages,"
+                       f" function_call or function_call_output items, got {kind!r}")
+    return messages
+
+
+def _function_call(item: dict, param: str) -> dict:
+    for name in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(name), str):
+            raise _bad(f"{param}.{name}", f"a function_call item needs '{name}' (a string)", "missing_required_parameter")
+    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+
+
+def chat_tools(body: dict) -> tuple[list | None, object]:
+    """Responses' flat function tools and tool_choice in the chat shape."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if isinstance(tools, list):
+        converted = []
+        for index, tool in enumerate(tools):
+            if not isinstance(tool, dict) or tool.get("type") != "function":
+                raise _bad(f"tools[{index}].type", "only function tools are supported (\"type\": \"function\")")
+            converted.append({"type": "function", "function": function_definition(tool, f"tools[{index}]")})
+        tools = converted
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        if not isinstance(choice.get("name"), str):
+            raise _bad("tool_choice.name", "a function tool_choice needs 'name'", "missing_required_parameter")
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    return tools, choice
+
+
+def text_format(body: dict) -> GrammarSpec | None:
+    """`text.format` as the grammar chat's response_format maps to."""
+    text = body.get("text")
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise _bad("text", "'text' must be an object like {\"format\": {\"type\": \"text\"}}", "invalid_type")
+    spec = text.get("format")
+    if spec is None or (isinstance(spec, dict) and spec.get("type") == "text"):
+        return None
+    if not isinstance(spec, dict):
+        raise _bad("text.format", "'text.format' must be an object", "invalid_type")
+    if spec.get("type") == "json_object":
+        return GrammarSpec("json_object", "")
+    if spec.get("type") != "json_schema":
+        raise _bad("text.format.type", f"'text.format.type' must be text, json_object or json_schema, got {spec.get('type')!r}")
+    if not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise _bad("text.format.name", "a json_schema format needs 'name'", "missing_required_parameter")
+    if not isinstance(spec.get("schema"), dict):
+        raise _bad("text.format.schema", "a json_schema format needs 'schema' (a JSON schema object)", "missing_required_parameter")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise _bad("text.format.strict", "'text.format.strict' must be a boolean", "invalid_type")
+    return GrammarSpec("json_schema", json.dumps(spec["schema"], ensure_ascii=False))
+
+
+CHAT_PARAMS = [(re.compile(r"^messages.*"), "input"), (re.compile(r"^max_completion_tokens$"), "max_output_tokens"),
+               (re.compile(r"^(tools\[\d+\])\.function\."), r"\1."), (re.compile(r"^tool_choice\.function\."), "tool_choice.")]
+
+
+def chat_request(body: dict, history: list[dict]) -> tuple[GenerationRequest, list[dict]]:
+    """(the generation request, the conversation without instructions) of a Responses body."""
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise _bad("instructions", "'instructions' must be a string", "invalid_type")
+    for name in ("store", "stream", "parallel_tool_calls"):
+        if body.get(name) is not None and not isinstance(body[name], bool):
+            raise _bad(name, f"'{name}' must be a boolean", "invalid_type")
+    if body.get("reasoning") is not None:
+        raise _bad("reasoning", "'reasoning' is not supported by this server", "unsupported_parameter")
+    conversation = history + input_messages(body.get("input"))
+    tools, choice = chat_tools(body)
+    chat = {"model": body.get("model"), "messages": ([{"role": "system", "content": instructions}] if instructions else [])
+            + conversation, "max_completion_tokens": body.get("max_output_tokens"), "temperature": body.get("temperature"),
+            "top_p": body.get("top_p"), "seed": body.get("seed"), "stream": body.get("stream"), "user": body.get("user"),
+            "speculative": body.get("speculative"), "tools": tools, "tool_choice": choice,
+            "parallel_tool_calls": body.get("parallel_tool_calls")}
+    try:
+        gen = parse_chat({key: value for key, value in chat.items() if value is not None})
+    except ApiError as exc:  # name the Responses field
+        for pattern, name in CHAT_PARAMS:
+            exc.param = pattern.sub(name, exc.param) if exc.param else exc.param
+        raise
+    grammar = text_format(body)
+    if grammar is not None:
+        if gen.grammar is not None:
+            raise _bad("text.format", "a required tool_choice already constrains the answer; drop 'text.format'")
+        gen.grammar = grammar
+    return gen, conversation
+
+
+# ---------------------------------------------------------------------- the answer
+def _id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex
+
+
+def message_item(text: str, status: str = "completed", item_id: str | None = None) -> dict:
+    return {"type": "message", "id": item_id or _id("msg_"), "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+def call_item(call: dict, status: str = "completed") -> dict:
+    return {"type": "function_call", "id": _id("fc_"), "call_id": call["id"], "name": call["function"]["name"],
+            "arguments": call["function"]["arguments"], "status": status}
+
+
+def output_items(text: str, gen: GenerationRequest, status: str) -> list[dict]:
+    if not gen.tools:
+        return [message_item(text, status)]
+    content, calls = parse_tool_calls(text, gen.tools, gen.parallel_tool_calls)
+    items = [message_item(content, status)] if content or not calls else []
+    return items + [call_item(call) for call in calls]
+
+
+def answer_message(output: list[dict]) -> dict:
+    """The output items as the assistant's chat message, for the next turn of the conversation."""
+    text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
+    calls = [{"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": item["arguments"]}}
+             for item in output if item["type"] == "function_call"]
+    return {"role": "assistant", "content": text or None, "tool_calls": calls} if calls else {"role": "assistant", "content": text}
+
+
+class ResponseShape:
+    """One response's fixed fields (echoed from the request) and the object around its output."""
+
+    def __init__(self, body: dict, gen: GenerationRequest, model_name: str):
+        self.id = _id("resp_")
+        self.created_at = int(time.time())
+        text = body.get("text") if isinstance(body.get("text"), dict) else {}
+        self.fields = {
+            "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+            "model": model_name, "parallel_tool_calls": gen.parallel_tool_calls,
+            "previous_response_id": body.get("previous_response_id"), "store": body.get("store", True) is not False,
+            "temperature": gen.temperature, "top_p": gen.top_p, "text": {"format": text.get("format") or {"type": "text"}},
+            "tool_choice": body.get("tool_choice", "auto" if body.get("tools") else "none"),
+            "tools": body.get("tools") or [], "truncation": "disabled", "user": body.get("user"),
+            "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
+        }
+
+    def object(self, status: str, output: list[dict], stats: dict | None = None) -> dict:
+        usage = None
+        if stats is not None:
+            usage = {"input_tokens": stats["prompt_tokens"], "input_tokens_details": {"cached_tokens": 0},
+                     "output_tokens": stats["generated_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+                     "total_tokens": stats["prompt_tokens"] + stats["generated_tokens"]}
+        return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": None,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                **self.fields, "output": output, "usage": usage}
+
+
+def status_of(finish_reason: str | None) -> str:
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+async def stream_events(ticket, gen: GenerationRequest, shape: ResponseShape, finished: Callable):
+    """Server-sent events of the Responses API; `finished(response)` when the answer is whole."""
+    numbers = itertools.count()
+
+    def event(kind: str, **fields) -> str:
+        payload = {"type": kind, "sequence_number": next(numbers), **fields}
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    output, message = [], None  # the output items so far; the message item open, if one is
+
+    def open_message():
+        nonlocal message
+        message = message_item("", "in_progress")
+        message["content"] = []
+        output.append(message)
+        index = len(output) - 1
+        return [event("response.output_item.added", output_index=index, item=message),
+                event("response.content_part.added", item_id=message["id"], output_index=index, content_index=0,
+                      part={"type": "output_text", "text": "", "annotations": []})]
+
+    def close_message(status: str):
+        nonlocal message
+        index, text = output.index(message), message.pop("text", "")
+        done = message_item(text, status, message["id"])
+        output[index], part = done, done["content"][0]
+        message = None
+        return [event("response.output_text.done", item_id=done["id"], output_index=index, content_index=0, text=text, logprobs=[]),
+                event("response.content_part.done", item_id=done["id"], output_index=index, content_index=0, part=part),
+                event("response.output_item.done", output_index=index, item=done)]
+
+    yield event("response.created", response=shape.object("in_progress", []))
+    yield event("response.in_progress", response=shape.object("in_progress", []))
+    calls = ToolCallStream(gen.parallel_tool_calls, gen.tools) if gen.tools else None
+    while True:
+        kind, payload = await ticket.next()
+        if kind == "error":
+            error = payload.body()["error"]
+            yield event("error", code=error["code"], message=error["message"], param=error["param"])
+            return
+        step = payload
+        if calls is not None:
+            deltas = calls.feed(step.text) + (calls.finish() if step.finished else [])
+        else:
+            deltas = [{"content": step.text}] if step.text else []
+        for delta in deltas:
+            if "content" in delta:
+                if message is None:
+                    for text in open_message():
+                        yield text
+                message["text"] = message.get("text", "") + delta["content"]
+                yield event("response.output_text.delta", item_id=message["id"], output_index=output.index(message),
+                            content_index=0, delta=delta["content"], logprobs=[])
+                continue
+            call = delta["tool_calls"][0]
+            if "id" in call:  # a call begins: the text before it is done
+                if message is not None:
+                    for text in close_message("completed"):
+                        yield text
+                item = call_item(calls.completed[call["index"]], "in_progress")
+                item["arguments"] = ""
+                output.append(item)
+                yield event("response.output_item.added", output_index=len(output) - 1, item=item)
+            else:  # its arguments, whole: the call is done
+                item, index = output[-1], len(output) - 1
+                item.update(arguments=call["function"]["arguments"], status="completed")
+                yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                            delta=item["arguments"])
+                yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                            name=item["name"], arguments=item["arguments"])
+                yield event("response.output_item.done", output_index=index, item=item)
+        if step.finished:
+            break
+    status = status_of(step.finish_reason)
+    if not output:  # an empty answer is still a message
+        for text in open_message():
+            yield text
+    if message is not None:
+        for text in close_message(status):
+            yield text
+    response = shape.object(status, output, step.stats)
+    finished(response)
+    yield event("response.completed" if status == "completed" else "response.incomplete", response=response)
+
+
+# ---------------------------------------------------------------------- the routes
+def register_responses(app: FastAPI, host: ChatHost, store: ResponseStore | None = None) -> ResponseStore:
+    store = store if store is not None else ResponseStore()
+    app.state.responses = store
+
+    def owner(request: Request) -> str:
+        """Whose stored responses a request sees: its namespace, `user` aside (one client's users share it)."""
+        return host.namespace_of(request, host.check_api_key(request), None)
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request):
+        key_id = host.check_api_key(request)
+        body = await host.read_body(request)
+        namespace = host.namespace_of(request, key_id, None)
+        history = []
+        previous = body.get("previous_response_id")
+        if previous is not None:
+            if not isinstance(previous, str):
+                raise _bad("previous_response_id", "'previous_response_id' must be a string", "invalid_type")
+            stored = store.get(namespace, previous)
+            if stored is None:
+                raise not_found(previous)
+            history = stored.messages
+        gen, conversation = chat_request(body, history)
+        shape = ResponseShape(body, gen, host.model_name)
+
+        def finished(response: dict) -> None:
+            if shape.fields["store"]:
+                store.put(response["id"], Stored(namespace, response, conversation + [answer_message(response["output"])]))
+
+        async def answer(ticket, watch):
+            text, step, *_ = await host.gather(ticket, watch)
+            status = status_of(step.finish_reason)
+            response = shape.object(status, output_items(text, gen, status), step.stats)
+            finished(response)
+            return response
+
+        return await host.run_generation(request, gen, key_id, answer, lambda ticket: stream_events(ticket, gen, shape, finished))
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(request: Request, response_id: str):
+        stored = store.get(owner(request), response_id)
+        if stored is None:
+            raise ApiError(404, f"no response with id '{response_id[:100]}' is stored", param="response_id", code="not_found")
+        return stored.response
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(request: Request, response_id: str):
+        if not store.delete(owner(request), response_id):
+            raise ApiError(404, f"no response with id '{response_id[:100]}' is stored", param="response_id", code="not_found")
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    return store

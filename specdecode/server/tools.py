@@ -1,0 +1,357 @@
+"""Tool calls (OpenAI function tools) on the chat route: the request's tools checked, the answer's calls parsed
+(whole, or as they stream), and the grammar that makes a call compulsory. All knowledge of the call format is here.
+
+The format is Qwen2.5's (Hermes'): the chat template lists the tools, and the model answers a call as
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+with text, if any, before it and further calls after it. `<tool_call>` and `</tool_call>` are tokens of their own.
+
+    tools, choice, parallel = parse_tool_options(body)      # 400s name the field at fault
+    content, calls = parse_tool_calls(text)                   # OpenAI's message.tool_calls
+    stream = ToolCallStream(); deltas = stream.feed(text) + stream.finish()   # chat chunk deltas
+    tool_grammar(tools, "required") -> Lark text (llguidance) | None
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+from ..grammar import GrammarSpec
+from .protocol import ApiError
+
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
+MAX_TOOLS = 128
+# The JSON of a call exactly as the template writes one back into the conversation (tojson: ", " and ": ").
+CALL_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}.get(type(value), "null" if value is None else type(value).__name__)
+
+
+# ---------------------------------------------------------------------- the request
+def parse_tool_options(body: dict) -> tuple[list[dict] | None, str | dict, bool]:
+    """(tools in the chat shape, tool_choice, parallel_tool_calls) of a chat request body. The tools are None when
+    there are none or tool_choice is "none": then the model is not told of them and no call is parsed."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls", True)
+    if parallel is None:
+        parallel = True
+    if not isinstance(parallel, bool):
+        raise _bad("parallel_tool_calls", f"'parallel_tool_calls' must be a boolean, got {_kind(parallel)}", "invalid_type")
+    if tools is None or tools == []:
+        if choice not in (None, "none", "auto"):
+            raise _bad("tool_choice", "'tool_choice' is only allowed when 'tools' are specified")
+        return None, "none", parallel
+    if not isinstance(tools, list):
+        raise _bad("tools", f"'tools' must be an array of tools, got {_kind(tools)}", "invalid_type")
+    if len(tools) > MAX_TOOLS:
+        raise _bad("tools", f"'tools' takes at most {MAX_TOOLS} tools, got {len(tools)}")
+    cleaned = [_tool(tool, f"tools[{index}]") for index, tool in enumerate(tools)]
+    names = [tool["function"]["name"] for tool in cleaned]
+    duplicate = next((name for name in names if names.count(name) > 1), None)
+    if duplicate:
+        raise _bad("tools", f"two tools are named '{duplicate}'")
+    choice = _tool_choice("auto" if choice is None else choice, names)
+    return (None if choice == "none" else cleaned), choice, parallel
+
+
+def _tool(tool, param: str) -> dict:
+    if not isinstance(tool, dict):
+        raise _bad(param, f"each tool must be an object, got {_kind(tool)}", "invalid_type")
+    if tool.get("type") != "function":
+        raise _bad(f"{param}.type", f"only function tools are supported (\"type\": \"function\"), got {tool.get('type')!r}")
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise _bad(f"{param}.function", f"'{param}.function' must be an object, got {_kind(function)}",
+                   "missing_required_parameter" if function is None else "invalid_type")
+    return {"type": "function", "function": function_definition(function, f"{param}.function")}
+
+
+def function_definition(function: dict, param: str) -> dict:
+    """A function tool's {name, description, parameters, strict}, checked (Responses' flat tools share it)."""
+    name = function.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise _bad(f"{param}.name", f"'{param}.name' must be 1-64 letters, digits, '_' or '-', got {name!r}")
+    out = {"name": name}
+    description = function.get("description")
+    if description is not None:
+        if not isinstance(description, str):
+            raise _bad(f"{param}.description", f"'{param}.description' must be a string, got {_kind(description)}", "invalid_type")
+        out["description"] = description
+    parameters = function.get("parameters")
+    if parameters is not None:
+        if not isinstance(parameters, dict):
+            raise _bad(f"{param}.parameters", f"'{param}.parameters' must be a JSON schema object, got {_kind(parameters)}", "invalid_type")
+        out["parameters"] = parameters
+    strict = function.get("strict")
+    if strict is not None:
+        if not isinstance(strict, bool):
+            raise _bad(f"{param}.strict", f"'{param}.strict' must be a boolean, got {_kind(strict)}", "invalid_type")
+        out["strict"] = strict
+    return out
+
+
+def _tool_choice(choice, names: list[str]) -> str | dict:
+    if choice in ("none", "auto", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise _bad("tool_choice.function.name", "a named 'tool_choice' needs {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                       "missing_required_parameter")
+        if name not in names:
+            raise _bad("tool_choice.function.name", f"'tool_choice' names '{name}', which is not among 'tools'")
+        return {"type": "function", "function": {"name": name}}
+    raise _bad("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or"
+               f" {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, got {json.dumps(choice)[:80]}")
+
+
+def tool_message(message: dict, index: int, text_of) -> dict:
+    """A chat message of role "tool", or an assistant message with `tool_calls`, as the chat template takes it
+    (arguments as an object, the convention of Hugging Face's templates). `text_of(content, index)` reads content."""
+    param = f"messages[{index}]"
+    if message["role"] == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise _bad(f"{param}.tool_call_id", "a message of role 'tool' needs 'tool_call_id' (a string)", "missing_required_parameter")
+        if message.get("content") is None:
+            raise _bad(f"{param}.content", "each message needs 'content'", "missing_required_parameter")
+        return {"role": "tool", "tool_call_id": call_id, "content": text_of(message["content"], index)}
+    calls = message["tool_calls"]
+    if not isinstance(calls, list):
+        raise _bad(f"{param}.tool_calls", f"'tool_calls' must be an array, got {_kind(calls)}", "invalid_type")
+    content = message.get("content")
+    cleaned = {"role": "assistant", "content": None if content is None else text_of(content, index),
+               "tool_calls": [_past_call(call, f"{param}.tool_calls[{number}]") for number, call in enumerate(calls)]}
+    return cleaned
+
+
+def _past_call(call, param: str) -> dict:
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        raise _bad(param, "each tool call must be {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}", "invalid_type")
+    name, arguments = call["function"].get("name"), call["function"].get("arguments")
+    if not isinstance(name, str) or not name:
+        raise _bad(f"{param}.function.name", "a tool call needs its function's 'name'", "missing_required_parameter")
+    if not isinstance(arguments, str):
+        raise _bad(f"{param}.function.arguments", f"'arguments' must be a JSON string, got {_kind(arguments)}", "invalid_type")
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        raise _bad(f"{param}.function.arguments", "'arguments' must hold a JSON object") from None
+    if not isinstance(parsed, dict):
+        raise _bad(f"{param}.function.arguments", f"'arguments' must hold a JSON object, got {_kind(parsed)}")
+    call_id = call.get("id")
+    return {"id": call_id if isinstance(call_id, str) else "", "type": "function",
+            "function": {"name": name, "arguments": parsed}}
+
+
+# ---------------------------------------------------------------------- the grammar of a compulsory call
+def tool_grammar(tools: list[dict] | None, tool_choice: str | dict, parallel: bool = True) -> str | None:
+    """A grammar (llguidance's Lark dialect) that admits only calls, in the template's format: to any of the tools
+    for "required", to the named one for {"type": "function", ...}; one call, or several when `parallel`. None when
+    the model chooses ("auto") or must not call ("none"). Arguments follow each tool's parameter schema."""
+    if not tools or not (tool_choice == "required" or isinstance(tool_choice, dict)):
+        return None
+    if isinstance(tool_choice, dict):
+        tools = [tool for tool in tools if tool["function"]["name"] == tool_choice["function"]["name"]]
+    alternatives = " | ".join(f"call_{index}" for index in range(len(tools)))
+    repeat = ' ("\\n" call)*' if parallel else ""
+    lines = [f"start: call{repeat}",
+             # the tags are single (special) tokens of the Qwen vocabulary, named as such
+             f"call: {TOOL_OPEN} \"\\n\" ({alternatives}) \"\\n\" {TOOL_CLOSE}"]
+    for index, tool in enumerate(tools):
+        schema = call_schema(tool["function"])
+        lines.append(f"call_{index}: %json {json.dumps(schema, ensure_ascii=False)}")
+    return "\n".join(lines) + "\n"
+
+
+def call_schema(function: dict) -> dict:
+    """The JSON schema of one call's object: {"name": <this name>, "arguments": <its parameters>}, in that order."""
+    parameters = dict(function.get("parameters") or {"type": "object"})
+    # definitions move to the root, where the parameters' "#/$defs/..." references now point
+    definitions = {key: parameters.pop(key) for key in ("$defs", "definitions") if key in parameters}
+    return {"x-guidance": CALL_JSON_STYLE, "type": "object",
+            "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+            "required": ["name", "arguments"], "additionalProperties": False, **definitions}
+
+
+def tool_constraint(tools: list[dict] | None, tool_choice: str | dict, parallel: bool = True) -> GrammarSpec | None:
+    """The grammar a request with a compulsory call carries (GenerationRequest.grammar), its schemas checked."""
+    grammar = tool_grammar(tools, tool_choice, parallel)
+    if grammar is None:
+        return None
+    check_tool_grammar(tools)
+    return GrammarSpec("lark", grammar)
+
+
+def check_tool_grammar(tools: list[dict]) -> None:
+    """400 naming the tool whose parameter schema the grammar engine (llguidance) cannot compile, if installed."""
+    try:
+        import llguidance
+    except ImportError:
+        return
+    for index, tool in enumerate(tools):
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(call_schema(tool["function"])))
+            failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+        except (ValueError, TypeError) as exc:
+            failed, messages = True, [str(exc)]
+        if failed:
+            raise _bad(f"tools[{index}].function.parameters", f"this JSON schema cannot be enforced: {'; '.join(messages)[:300]}")
+
+
+# ---------------------------------------------------------------------- the answer
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def _call(block: str) -> dict | None:
+    """One call as OpenAI answers it ({id, type, function: {name, arguments as JSON text}}), or None when the text
+    between the tags is no call."""
+    try:
+        parsed = json.loads(block)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
+        return None
+    arguments = parsed.get("arguments", parsed.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            json.loads(arguments)
+        except ValueError:
+            return None
+    else:
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return {"id": new_call_id(), "type": "function", "function": {"name": parsed["name"], "arguments": arguments}}
+
+
+def _bare_call(text: str, tools: list[dict] | None) -> dict | None:
+    """A whole answer that is one call's JSON without the tags (small Qwen models answer so), perhaps in a ```json
+    fence, as a call; only when it names one of the tools."""
+    text = text.strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.S)
+    call = _call(fenced.group(1) if fenced else text)
+    names = {tool["function"]["name"] for tool in tools or ()}
+    return call if call is not None and call["function"]["name"] in names else None
+
+
+def _may_be_bare_call(text: str) -> bool:
+    text = text.lstrip()
+    return text.startswith(("{", "```json")) or "```json".startswith(text)
+
+
+def parse_tool_calls(text: str, tools: list[dict] | None = None, parallel: bool = True) -> tuple[str | None, list[dict]]:
+    """(content, calls) of an answer: the calls of its complete `<tool_call>` blocks, in order, and the text
+    outside them, stripped (None when empty). A block that holds no valid call, or one cut off, stays text; an
+    answer that is a call to one of `tools` without the tags is that call. Without `parallel`, the first call only."""
+    stream = ToolCallStream(parallel, tools)
+    stream.feed(text)
+    stream.finish()
+    return stream.content(), stream.completed
+
+
+class ToolCallStream:
+    """The answer's text in, chat deltas out: {"content": text} for text outside calls, and for each call
+    {"tool_calls": [{"index", "id", "type", "function": {"name", "arguments": ""}}]} then its arguments
+    {"tool_calls": [{"index", "function": {"arguments"}}]}. Text that may be the start of `<tool_call>` is held
+    until known, and so is whitespace at the ends of the content (what parse_tool_calls strips)."""
+
+    def __init__(self, parallel: bool = True, tools: list[dict] | None = None):
+        self.parallel = parallel
+        self.tools = tools
+        self.holding = bool(tools)  # while the answer so far may be a call without tags: hold it all
+        self.pending = ""  # text not yet handed on
+        self.inside = False  # pending is the inside of an open <tool_call>
+        self.spaces = ""  # whitespace held back: handed on only when more content follows
+        self.started = False  # some content handed on
+        self.completed: list[dict] = []  # the calls so far, as message.tool_calls holds them
+        self._content: list[str] = []
+
+    def content(self) -> str | None:
+        return "".join(self._content) or None
+
+    def feed(self, text: str) -> list[dict]:
+        self.pending += text
+        out = []
+        if self.holding and _may_be_bare_call(self.pending):
+            return out
+        self.holding = False
+        while True:
+            if self.inside:
+                end = self.pending.find(TOOL_CLOSE)
+                if end < 0:
+                    return out
+                block, self.pending, self.inside = self.pending[:end], self.pending[end + len(TOOL_CLOSE):], False
+                call = _call(block)
+                if call is None:
+                    out += self._text(TOOL_OPEN + block + TOOL_CLOSE)
+                elif self.parallel or not self.completed:
+                    out += self._call_deltas(call)
+                continue
+            start = self.pending.find(TOOL_OPEN)
+            if start >= 0:
+                out += self._text(self.pending[:start])
+                self.pending, self.inside = self.pending[start + len(TOOL_OPEN):], True
+                continue
+            keep = next((n for n in range(min(len(TOOL_OPEN) - 1, len(self.pending)), 0, -1)
+                         if TOOL_OPEN.startswith(self.pending[-n:])), 0)
+            out += self._text(self.pending[: len(self.pending) - keep])
+            self.pending = self.pending[len(self.pending) - keep:]
+            return out
+
+    def finish(self) -> list[dict]:
+        """The deltas of what is held at the end: a cut-off call is text; trailing whitespace is dropped."""
+        if self.holding:
+            self.holding = False
+            call = _bare_call(self.pending, self.tools)
+            if call is not None:
+                self.pending = ""
+                return self._call_deltas(call)
+            return self.feed("") + self.finish()
+        rest = (TOOL_OPEN if self.inside else "") + self.pending
+        self.pending, self.inside = "", False
+        return self._text(rest)
+
+    def _text(self, text: str) -> list[dict]:
+        if not self.started:
+            text = text.lstrip()
+        body = text.rstrip()
+        if not body:
+            self.spaces += text
+            return []
+        piece = self.spaces + body
+        self.spaces, self.started = text[len(body):], True
+        self._content.append(piece)
+        return [{"content": piece}]
+
+    def _call_deltas(self, call: dict) -> list[dict]:
+        index = len(self.completed)
+        self.completed.append(call)
+        head = {"index": index, "id": call["id"], "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""}}
+        arguments = {"index": index, "function": {"arguments": call["function"]["arguments"]}}
+        return [{"tool_calls": [head]}, {"tool_calls": [arguments]}]
+
+
+def finish_reason(reason: str | None, calls: int) -> str | None:
+    """"tool_calls" when the model ended its turn with calls made; a cut-off answer stays "length"."""
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def chat_message(text: str, reason: str | None, tools: list[dict], parallel: bool = True) -> tuple[dict, str | None]:
+    """The assistant message and finish reason of a whole answer to a request with tools."""
+    content, calls = parse_tool_calls(text, tools, parallel)
+    message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return message, finish_reason(reason, len(calls))

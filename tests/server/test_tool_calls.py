@@ -1,0 +1,102 @@
+"""Tool calls end to end: qwen2.5-coder-0.5b (a chat template that lists tools) behind the real server, driven by
+the openai client: the call, the tool's result sent back, the final answer; streamed and not; and a template
+without tools support (smollm2) refused with a 400 naming 'tools'."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from .conftest import MODEL, start_server
+
+QWEN = "qwen2.5-coder-0.5b"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
+                   "required": ["city"]}}}
+QUESTION = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+GREEDY = {"temperature": 0, "max_tokens": 40}
+
+
+@pytest.fixture(scope="module")
+def qwen_client(models):  # `models` sets torch to one thread for the package
+    from specdecode.engine import Engine
+    from specdecode.models.loader import load_model
+    from specdecode.server.app import create_app
+
+    try:
+        target = load_model(QWEN, device="cpu", max_context=1024)
+    except Exception as exc:
+        pytest.skip(f"{QWEN} is not available: {exc}")
+    engine = Engine(target, None, max_context=1024)
+    server = start_server(create_app(engine, "lookup", QWEN, queue_size=4), engine)
+    yield openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=300)
+    server.stop()
+
+
+def test_call_result_and_final_answer(qwen_client):
+    first = qwen_client.chat.completions.create(model=QWEN, messages=QUESTION, tools=[WEATHER], **GREEDY)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert "<tool_call>" not in (choice.message.content or "")
+
+    messages = QUESTION + [choice.message.model_dump(exclude_none=True),
+                           {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 23, "sky": "sunny"})}]
+    final = qwen_client.chat.completions.create(model=QWEN, messages=messages, tools=[WEATHER], **GREEDY)
+    answer = final.choices[0]
+    assert not answer.message.tool_calls and answer.finish_reason in ("stop", "length")
+    assert "23" in answer.message.content
+
+
+def test_streamed_calls_match_the_whole_answer(qwen_client):
+    whole = qwen_client.chat.completions.create(model=QWEN, messages=QUESTION, tools=[WEATHER], **GREEDY).choices[0]
+    content, calls, finish = "", {}, None
+    for chunk in qwen_client.chat.completions.create(model=QWEN, messages=QUESTION, tools=[WEATHER], stream=True, **GREEDY):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for part in delta.tool_calls or ():
+            entry = calls.setdefault(part.index, {"id": None, "name": "", "arguments": ""})
+            entry["id"] = part.id or entry["id"]
+            entry["name"] += (part.function.name or "") if part.function else ""
+            entry["arguments"] += (part.function.arguments or "") if part.function else ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == whole.finish_reason == "tool_calls"
+    assert (content or None) == whole.message.content
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == \
+        [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls]
+    assert all(c["id"].startswith("call_") for c in calls.values())
+
+
+def test_tool_choice_none_answers_in_text(qwen_client):
+    choice = qwen_client.chat.completions.create(model=QWEN, messages=QUESTION, tools=[WEATHER], tool_choice="none",
+                                                 **GREEDY).choices[0]
+    assert not choice.message.tool_calls and choice.finish_reason in ("stop", "length") and choice.message.content
+
+
+def test_a_template_without_tools_is_a_400_naming_tools(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[WEATHER], max_tokens=4)
+    error = caught.value.body
+    assert error["param"] == "tools" and error["code"] == "tools_unsupported" and "tools" in error["message"]
+
+
+def test_responses_function_call_round_trip_streamed_and_not(qwen_client):
+    tool = {"type": "function", **WEATHER["function"]}  # the Responses API's flat shape
+    first = qwen_client.responses.create(model=QWEN, input=QUESTION[0]["content"], tools=[tool], temperature=0,
+                                         max_output_tokens=40)
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"} and call.call_id.startswith("call_")
+    events = list(qwen_client.responses.create(model=QWEN, input=QUESTION[0]["content"], tools=[tool], temperature=0,
+                                               max_output_tokens=40, stream=True))
+    types = [event.type for event in events]
+    assert "response.function_call_arguments.done" in types and types[-1] == "response.completed"
+    streamed = [item for item in events[-1].response.output if item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in streamed] == [(call.name, call.arguments)]
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"temperature_c": 23})}
+    final = qwen_client.responses.create(model=QWEN, input=[result], previous_response_id=first.id, tools=[tool],
+                                         temperature=0, max_output_tokens=40)
+    assert "23" in final.output_text and not [item for item in final.output if item.type == "function_call"]
