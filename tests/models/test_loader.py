@@ -77,9 +77,10 @@ def add_rope_scaling(writer, c) -> None:
             writer.add_rope_scaling_orig_ctx_len(s.original_context)
 
 
-def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, tokenizer=False):
+def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, tokenizer=False, extra_kv=None):
     """quant: a gguf.GGMLQuantizationType for every matrix (norms and biases stay float32).
-    tokenizer: add a byte-level vocabulary (the tiny models' 256 tokens) so that load_model can convert it."""
+    tokenizer: add a byte-level vocabulary (the tiny models' 256 tokens) so that load_model can convert it.
+    extra_kv: called with the writer to add more keys."""
     import gguf
 
     c = model.config
@@ -98,6 +99,8 @@ def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, to
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     if tokenizer:
         add_byte_tokenizer(writer, c.vocab_size)
+    if extra_kv:
+        extra_kv(writer)
 
     def add(name, tensor):
         if name in skip:
@@ -204,10 +207,13 @@ def test_gguf_blocks_reproduce_the_float32_model_bit_for_bit(tmp_path, config, q
     torch.testing.assert_close(model.layers[0].down.dense, source.layers[0].down, rtol=0, atol=step)
 
 
-def test_gguf_of_an_unsupported_architecture(tmp_path):
-    path = write_gguf(tmp_path / "gpt2.gguf", make_tiny_model(seed=61), arch_name="gpt2")
-    with pytest.raises(ModelError, match="unsupported architecture 'gpt2'"):
+def test_gguf_of_an_unsupported_architecture(tmp_path, private_cache):
+    path = write_gguf(tmp_path / "gpt2.gguf", make_tiny_model(seed=61), arch_name="gpt2", tokenizer=True)
+    supported = r"unsupported architecture 'gpt2' \(the native decoder covers llama, qwen2, qwen3\)"
+    with pytest.raises(ModelError, match=supported):
         load_gguf_model(path, "cpu", torch.float32, None)
+    with pytest.raises(ModelError, match=supported):  # what the CLI prints as one line, converting nothing
+        load_model(str(path), device="cpu")
 
 
 def test_gguf_missing_a_tensor(tmp_path):
