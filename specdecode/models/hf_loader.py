@@ -27,8 +27,9 @@ def is_native_arch(hf_config: dict) -> bool:
 
 def config_from_hf(cfg: dict) -> ModelConfig:
     arch = architecture(cfg.get("model_type"))
-    if cfg.get("use_sliding_window") or cfg.get("mlp_bias"):
-        raise ModelError(f"'{arch.name}' with {'sliding-window attention' if cfg.get('use_sliding_window') else 'MLP biases'}"
+    sliding = cfg.get("use_sliding_window") or any(kind != "full_attention" for kind in cfg.get("layer_types") or ())
+    if sliding or cfg.get("mlp_bias"):
+        raise ModelError(f"'{arch.name}' with {'sliding-window attention' if sliding else 'MLP biases'}"
                          " is not supported by the native decoder")
     n_heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])

@@ -254,3 +254,38 @@ def test_gguf_from_llamacpp_converter_matches_transformers(tmp_path, smollm2, ar
     diff = max_diff(got, expected)
     print(f"llama.cpp-converted {arch} {name}: max abs logit difference {diff:.3g}")
     assert diff < MAX_ABS_DIFF and torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_scaling_survives_the_converted_folder(tmp_path, monkeypatch, dtype):
+    """load_model converts a GGUF file once and later reads its config.json: the rope scaling (llama 3's
+    divisors here) is kept there, so the loaded model rotates as the file says."""
+    from test_loader import write_gguf
+    from testlib import make_tiny_model
+
+    from specdecode import kernels
+    from specdecode.models.loader import load_model
+
+    if dtype == "int8" and kernels.load_kernel() is None:
+        pytest.skip("no CPU kernel")
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    source = make_tiny_model(seed=30, arch="qwen3", head_dim=32)
+    source.config = dataclasses.replace(source.config, rope_scaling=RopeScaling("llama3", factor=4.0, original_context=32))
+    path = write_gguf(tmp_path / "scaled.gguf", source, tokenizer=True)
+    direct = load_gguf_model(path, "cpu", torch.float32, None)
+    for _ in range(2):  # converting, then reading the converted folder
+        loaded = load_model(str(path), device="cpu", dtype=dtype).model
+        assert loaded.config == direct.config and loaded.config.rope_scaling.freq_divisors is not None
+        assert torch.equal(loaded._rope(torch.arange(100))[0], direct._rope(torch.arange(100))[0])
+    ids = list(range(0, 250, 3))
+    if dtype == "float32":
+        assert torch.equal(native_logits(loaded, ids), native_logits(direct, ids))
+
+
+def test_sliding_window_layers_are_refused_not_ignored():
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                         head_dim=32, use_sliding_window=True, sliding_window=16, max_window_layers=1).to_dict()
+    with pytest.raises(ModelError, match="'qwen3' with sliding-window attention is not supported"):
+        config_from_hf(config)
