@@ -38,6 +38,10 @@ def tiny_hf(arch: str, rope: dict | None, seed: int = 80):
     torch.manual_seed(seed)
     model = (LlamaForCausalLM(LlamaConfig(**common)) if arch == "llama"
              else Qwen3ForCausalLM(Qwen3Config(head_dim=32, **common)))
+    return randomize(model)
+
+
+def randomize(model):
     with torch.no_grad():  # larger than the default init, so that every part (norms included) matters
         for name, param in model.named_parameters():
             param.copy_(1 + 0.1 * torch.randn_like(param) if "norm" in name else 0.2 * torch.randn_like(param))
@@ -55,6 +59,15 @@ def native_logits(model, ids) -> torch.Tensor:
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
+
+
+def check_matches(native, hf, ids, what: str) -> torch.Tensor:
+    """Native logits within MAX_ABS_DIFF of transformers', same argmax everywhere; returns transformers' logits."""
+    expected, got = hf_logits(hf, ids), native_logits(native, ids)
+    diff = max_diff(got, expected)
+    print(f"{what}: max abs logit difference {diff:.3g} (logit scale {expected.abs().max().item():.1f})")
+    assert diff < MAX_ABS_DIFF and torch.equal(got.argmax(-1), expected.argmax(-1)), f"{what}: {diff}"
+    return expected
 
 
 @pytest.mark.parametrize("name", SCALINGS)
@@ -79,11 +92,7 @@ def test_scaled_hf_folder_matches_transformers_and_not_unscaled(tmp_path, arch, 
     hf.save_pretrained(str(tmp_path))
     native = load_hf_native(tmp_path, "cpu", torch.float32, 128)
     assert native.config.rope_scaling.kind == SCALINGS[name]["rope_type"]
-    expected = hf_logits(hf, IDS)
-    got = native_logits(native, IDS)
-    diff = max_diff(got, expected)
-    print(f"{arch} {name}: max abs logit difference {diff:.3g} (logit scale {expected.abs().max().item():.1f})")
-    assert diff < MAX_ABS_DIFF and torch.equal(got.argmax(-1), expected.argmax(-1))
+    expected = check_matches(native, hf, IDS, f"{arch} {name}")
     # the same weights with the scaling ignored (what the loader did before): far outside the tolerance
     native.config = dataclasses.replace(native.config, rope_scaling=RopeScaling())
     native._rope_cos = native._rope_sin = None
@@ -107,11 +116,7 @@ def test_scaled_gguf_matches_transformers(tmp_path, arch, name):
     native = load_gguf_model(path, "cpu", torch.float32, 128)
     scaling = native.config.rope_scaling
     assert (scaling.kind, scaling.freq_divisors is not None) == (("default", True) if name == "llama3" else (name, False))
-    expected = hf_logits(hf, IDS)
-    got = native_logits(native, IDS)
-    diff = max_diff(got, expected)
-    print(f"GGUF {arch} {name}: max abs logit difference {diff:.3g}")
-    assert diff < MAX_ABS_DIFF and torch.equal(got.argmax(-1), expected.argmax(-1))
+    check_matches(native, hf, IDS, f"GGUF {arch} {name}")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -235,10 +240,7 @@ def test_gguf_from_llamacpp_converter_matches_transformers(tmp_path, smollm2, ar
     config = small.config
     config.vocab_size = len(smollm2.tokenizer.hf)
     torch.manual_seed(81)
-    hf = type(small)(config).eval()
-    with torch.no_grad():
-        for param_name, param in hf.named_parameters():
-            param.copy_(1 + 0.1 * torch.randn_like(param) if "norm" in param_name else 0.2 * torch.randn_like(param))
+    hf = randomize(type(small)(config))
     hf.save_pretrained(str(tmp_path))
     smollm2.tokenizer.hf.save_pretrained(str(tmp_path))
     out = tmp_path / "tiny.gguf"
@@ -248,12 +250,7 @@ def test_gguf_from_llamacpp_converter_matches_transformers(tmp_path, smollm2, ar
     assert run.returncode == 0, run.stderr[-2000:]
     native = load_gguf_model(out, "cpu", torch.float32, 128)
     assert native.config.arch == arch and native.config.qk_norm == (arch == "qwen3")
-    ids = [(7 * i * i + 3 * i + 1) % config.vocab_size for i in range(96)]
-    expected = hf_logits(hf, ids)
-    got = native_logits(native, ids)
-    diff = max_diff(got, expected)
-    print(f"llama.cpp-converted {arch} {name}: max abs logit difference {diff:.3g}")
-    assert diff < MAX_ABS_DIFF and torch.equal(got.argmax(-1), expected.argmax(-1))
+    check_matches(native, hf, [(7 * i * i + 3 * i + 1) % config.vocab_size for i in range(96)], f"llama.cpp-converted {arch} {name}")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
