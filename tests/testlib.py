@@ -251,6 +251,8 @@ TINY_CONFIGS = {
     "qwen2-gqa-bias": dict(arch="qwen2"),
     "llama-mha-tied": dict(arch="llama", n_kv_heads=4, tie_embeddings=True),
     "qwen2-tied": dict(arch="qwen2", tie_embeddings=True, n_kv_heads=1),
+    # per-head q/k RMSNorm, no bias, heads wider than hidden / n_heads (q_size 128 != hidden 64)
+    "qwen3-qknorm": dict(arch="qwen3", head_dim=32),
 }
 
 

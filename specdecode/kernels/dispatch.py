@@ -27,10 +27,12 @@ FLOAT32_CHUNKED_MAX_ROWS = 128
 PREFILL_GEMM = os.environ.get("SPECDECODE_PREFILL_GEMM", "numpy")
 
 
-def int8_attn_in(x: torch.Tensor, norm: torch.Tensor, eps: float, qkv: QuantWeight, bias, cos, sin, config) -> torch.Tensor:
-    """RMSNorm, QKV product (+ bias) and rotary embedding of an int8 layer in one call: [T, q + 2 kv]."""
-    return native._kernel.int8_attn_in(x.contiguous(), norm, eps, qkv.parts, qkv.types, bias, cos.contiguous(), sin.contiguous(),
-                                config.n_heads, config.n_kv_heads, config.head_dim, QUANT_ISA)
+def int8_attn_in(x: torch.Tensor, layer, cos, sin, config) -> torch.Tensor:
+    """RMSNorm, QKV product (+ bias), per-head q/k RMSNorm where the layer has one (Qwen3) and rotary embedding of
+    an int8 layer (models.transformer.DecoderLayer) in one call: [T, q + 2 kv]."""
+    return native._kernel.int8_attn_in(x.contiguous(), layer.attn_norm, config.rms_norm_eps, layer.qkv.parts, layer.qkv.types,
+                                       layer.qkv_bias, layer.q_norm, layer.k_norm, cos.contiguous(), sin.contiguous(),
+                                       config.n_heads, config.n_kv_heads, config.head_dim, QUANT_ISA)
 
 
 def int8_attn_out(x: torch.Tensor, attn: torch.Tensor, out_proj: QuantWeight, norm: torch.Tensor, eps: float,
@@ -54,8 +56,8 @@ def int8_layer(x: torch.Tensor, layer, layer_index: int, spans, cos, sin, config
     c = config
     none = torch.empty(0, dtype=torch.bool)
     return native._kernel.int8_layer(
-        x.contiguous(), layer.attn_norm, c.rms_norm_eps, layer.qkv.parts, layer.qkv.types, layer.qkv_bias,
-        cos.contiguous(), sin.contiguous(), c.n_heads, c.n_kv_heads, c.head_dim,
+        x.contiguous(), layer.attn_norm, c.rms_norm_eps, layer.qkv.parts, layer.qkv.types, layer.qkv_bias, layer.q_norm,
+        layer.k_norm, cos.contiguous(), sin.contiguous(), c.n_heads, c.n_kv_heads, c.head_dim,
         [s.cache.keys[layer_index] for s in spans], [s.cache.values[layer_index] for s in spans],
         [s.start for s in spans], [s.rows for s in spans], [none if s.visible is None else s.visible for s in spans],
         layer.out_proj.parts, layer.out_proj.types, layer.mlp_norm, layer.gate_up.parts, layer.gate_up.types,

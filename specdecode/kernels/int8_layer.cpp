@@ -4,7 +4,8 @@
 // residual adds or the cache writes, but 28 layers of them as separate PyTorch operations cost several
 // milliseconds of dispatch per step, a sizeable share once the matmuls run at memory speed. Here they
 // run as plain loops over each row:
-//   attn_in:  h = rmsnorm(x) * w;  qkv = h @ Wqkv.T (+ bias);  rotate q and k          -> [T, q+2kv]
+//   attn_in:  h = rmsnorm(x) * w;  qkv = h @ Wqkv.T (+ bias);  (Qwen3: rmsnorm each q and k head);
+//             rotate q and k                                                           -> [T, q+2kv]
 //   layer:    attn_in; write k, v to the cache; attention (block_attention.cpp); attn_out
 //   attn_out: x += attn @ Wo.T;  h = rmsnorm(x) * w;  x += (silu(gate) * up) @ Wdown.T  -> [T, hidden]
 // Every operation reads one row and writes that row, in a fixed order, so a row's result is the
@@ -51,19 +52,28 @@ torch::Tensor linear_rows(const torch::Tensor& x, const std::vector<torch::Tenso
   return y;
 }
 
-// out = x * (1 / sqrt(mean(x^2) + eps)) * w, row by row; the sum of squares in 8 lanes, then a fixed hsum.
+// out = x * (1 / sqrt(mean(x^2) + eps)) * w over n values (n % 8 == 0; out may be x); the sum of squares in
+// 8 lanes, then a fixed hsum.
+void rms_norm_row(const float* x, int64_t n, const float* w, float eps, float* out) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  const __m256 r = _mm256_set1_ps(1.0f / std::sqrt(hsum(acc) / (float)n + eps));
+  for (int64_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), r), _mm256_loadu_ps(w + i)));
+}
+
 void rms_norm_rows(const float* x, int64_t T, int64_t n, const float* w, float eps, float* out) {
-  for_rows(T, [&](int64_t t) {
-    const float* xr = x + t * n;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8) {
-      const __m256 v = _mm256_loadu_ps(xr + i);
-      acc = _mm256_fmadd_ps(v, v, acc);
-    }
-    const __m256 r = _mm256_set1_ps(1.0f / std::sqrt(hsum(acc) / (float)n + eps));
-    for (int64_t i = 0; i < n; i += 8)
-      _mm256_storeu_ps(out + t * n + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), r), _mm256_loadu_ps(w + i)));
-  });
+  for_rows(T, [&](int64_t t) { rms_norm_row(x + t * n, n, w, eps, out + t * n); });
+}
+
+// A norm weight of n floats, or nullptr where the model has none.
+const float* optional_weight(const c10::optional<torch::Tensor>& w, int64_t n, const char* what) {
+  if (!w || !w->defined()) return nullptr;
+  TORCH_CHECK(w->scalar_type() == at::kFloat && w->is_contiguous() && w->numel() == n, what, ": ", n, " contiguous float32 expected");
+  return w->data_ptr<float>();
 }
 
 // Half-rotation rotary embedding of `heads` heads of size D in place: (a, b) -> (a cos - b sin, b cos + a sin).
@@ -104,9 +114,11 @@ void check_rows(const torch::Tensor& x, int64_t n, const char* what) {
 
 }  // namespace
 
-// x [T, hidden]; cos/sin [T, D/2]; bias may be undefined. Returns qkv [T, (H + 2 Hkv) * D], q and k rotated.
+// x [T, hidden]; cos/sin [T, D/2]; bias, q_norm and k_norm ([D], Qwen3) may be undefined. Returns qkv
+// [T, (H + 2 Hkv) * D], q and k normalized per head where there are norms, then rotated.
 torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std::vector<torch::Tensor> qkv_parts,
-                           std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias, torch::Tensor cos,
+                           std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias,
+                           c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor cos,
                            torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::string isa) {
   const int64_t T = x.size(0), n = x.size(1);
   check_rows(x, n, "int8_attn_in");
@@ -123,9 +135,17 @@ torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std:
     TORCH_CHECK(bias->numel() == width && bias->is_contiguous(), "int8_attn_in: bias of the wrong size");
     b = bias->data_ptr<float>();
   }
+  const float* qn = optional_weight(q_norm, head_dim, "int8_attn_in: q_norm");
+  const float* kn = optional_weight(k_norm, head_dim, "int8_attn_in: k_norm");
+  TORCH_CHECK(!qn == !kn && (!qn || head_dim % 8 == 0), "int8_attn_in: q and k norms go together, on heads of a multiple of 8");
   for_rows(T, [&](int64_t t) {
+    float* row = p + t * width;
     if (b)
-      for (int64_t i = 0; i < width; ++i) p[t * width + i] += b[i];
+      for (int64_t i = 0; i < width; ++i) row[i] += b[i];
+    if (qn) {
+      for (int64_t h = 0; h < heads; ++h) rms_norm_row(row + h * head_dim, head_dim, qn, (float)eps, row + h * head_dim);
+      for (int64_t h = heads; h < heads + kv_heads; ++h) rms_norm_row(row + h * head_dim, head_dim, kn, (float)eps, row + h * head_dim);
+    }
     const float* c = cos.data_ptr<float>() + t * head_dim / 2;
     const float* s = sin.data_ptr<float>() + t * head_dim / 2;
     rope_heads(p + t * width, heads + kv_heads, head_dim, c, s);  // q heads, then k heads, are adjacent
@@ -162,7 +182,8 @@ torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<tor
 // it; an empty tensor means causal). A row's bits depend on its own inputs and position only, whichever
 // other sequences share the pass: a batch is row-exact as a block is.
 torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, std::vector<torch::Tensor> qkv_parts,
-                         std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias, torch::Tensor cos,
+                         std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias,
+                         c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor cos,
                          torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::vector<torch::Tensor> keys,
                          std::vector<torch::Tensor> values, std::vector<int64_t> starts, std::vector<int64_t> rows,
                          std::vector<torch::Tensor> visible, std::vector<torch::Tensor> out_parts,
@@ -184,7 +205,7 @@ torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, s
     total += rows[s];
   }
   TORCH_CHECK(total == T, "int8_layer: the sequences' rows do not add up to the block");
-  auto qkv = int8_attn_in(x, attn_norm, eps, qkv_parts, qkv_types, bias, cos, sin, heads, kv_heads, head_dim, isa);
+  auto qkv = int8_attn_in(x, attn_norm, eps, qkv_parts, qkv_types, bias, q_norm, k_norm, cos, sin, heads, kv_heads, head_dim, isa);
   const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, width = q_size + 2 * kv_size;
   const float* p = qkv.data_ptr<float>();
   auto attn = torch::empty({T, q_size}, x.options());

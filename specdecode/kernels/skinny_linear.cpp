@@ -18,14 +18,16 @@ torch::Tensor quantize_q8_0_cpu(torch::Tensor w);  // quant_dot.cpp
 torch::Tensor repack_q4k_cpu(torch::Tensor blocks);  // quant_dot.cpp
 torch::Tensor interleave_k_cpu(torch::Tensor blocks, int64_t type, bool to_x16);  // quant_dot.cpp
 torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std::vector<torch::Tensor> qkv_parts,
-                           std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias, torch::Tensor cos,
+                           std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias,
+                           c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor cos,
                            torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::string isa);  // int8_layer.cpp
 torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<torch::Tensor> out_parts,
                             std::vector<int64_t> out_types, torch::Tensor norm, double eps,
                             std::vector<torch::Tensor> gate_up_parts, std::vector<int64_t> gate_up_types,
                             std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa);  // int8_layer.cpp
 torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, std::vector<torch::Tensor> qkv_parts,
-                         std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias, torch::Tensor cos,
+                         std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias,
+                         c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor cos,
                          torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::vector<torch::Tensor> keys,
                          std::vector<torch::Tensor> values, std::vector<int64_t> starts, std::vector<int64_t> rows,
                          std::vector<torch::Tensor> visible, std::vector<torch::Tensor> out_parts,

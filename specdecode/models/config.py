@@ -1,12 +1,75 @@
-"""Shape and hyper-parameters of a Llama/Qwen2-family decoder."""
+"""Shape and hyper-parameters of a Llama/Qwen-family decoder, and what differs between the architectures."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ..errors import ModelError
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The facts that set one architecture of the family apart from the others. Every architecture here is a
+    pre-norm decoder with RMSNorm, half-rotation RoPE, grouped-query attention and a SwiGLU MLP; adding one
+    that differs only in these facts is one line in ARCHITECTURES."""
+
+    name: str  # Hugging Face `model_type` and GGUF `general.architecture`
+    qkv_bias: bool  # Q/K/V projections carry biases (HF folders; a GGUF file says so by having the tensors)
+    qk_norm: bool  # per-head RMSNorm of q and k (weights of size head_dim) before the rotation
+    gguf_permuted_qk: bool  # llama.cpp stores the Q/K rows of each head interleaved (convert_hf_to_gguf's permute)
+
+
+ARCHITECTURES = {
+    "llama": Architecture("llama", qkv_bias=False, qk_norm=False, gguf_permuted_qk=True),
+    "qwen2": Architecture("qwen2", qkv_bias=True, qk_norm=False, gguf_permuted_qk=False),
+    "qwen3": Architecture("qwen3", qkv_bias=False, qk_norm=True, gguf_permuted_qk=False),
+}
+SUPPORTED_ARCHS = tuple(ARCHITECTURES)
+
+
+def architecture(name) -> Architecture:
+    """The architecture of that name, or a ModelError naming the ones the native decoder covers."""
+    if name not in ARCHITECTURES:
+        raise ModelError(f"unsupported architecture '{name}' (the native decoder covers {', '.join(SUPPORTED_ARCHS)})")
+    return ARCHITECTURES[name]
+
+
+ROPE_KINDS = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How the rotary frequencies theta^(-2i/d) are stretched for a longer context (models.rope computes them).
+
+    default: unchanged. linear: every frequency divided by `factor`. llama3: low frequencies (wavelength over
+    original_context / low_freq_factor) divided by `factor`, high ones (under original_context / high_freq_factor)
+    kept, a smooth blend between. yarn: frequencies that turn less than beta_slow times over the original context
+    divided by `factor`, those turning more than beta_fast times kept, a linear ramp over the dimensions between
+    (scaled by extrapolation); cos and sin then multiplied by `attention_factor` (None: 1 + 0.1 ln factor).
+    freq_divisors (a GGUF file's rope_freqs tensor, one per frequency) divide the frequencies before any of this.
+    """
+
+    kind: str = "default"
+    factor: float = 1.0
+    original_context: int = 0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    extrapolation: float = 1.0
+    attention_factor: float | None = None
+    truncate: bool = True  # yarn: the ramp's ends rounded outwards to whole dimensions
+    freq_divisors: tuple[float, ...] | None = None
+
+    def __post_init__(self):
+        if self.kind not in ROPE_KINDS:
+            raise ModelError(f"unsupported rope scaling '{self.kind}' (the native decoder covers {', '.join(ROPE_KINDS)})")
+        if self.freq_divisors is not None:  # a list once read back from JSON
+            object.__setattr__(self, "freq_divisors", tuple(float(d) for d in self.freq_divisors))
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str  # "llama" or "qwen2": the two families the native decoder covers
+    arch: str  # a key of ARCHITECTURES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -19,6 +82,19 @@ class ModelConfig:
     context_length: int
     tie_embeddings: bool
     qkv_bias: bool
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+
+    def __post_init__(self):
+        if isinstance(self.rope_scaling, dict):  # read back from a converted folder's config.json
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+
+    @property
+    def architecture(self) -> Architecture:
+        return architecture(self.arch)
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.architecture.qk_norm
 
     @property
     def q_size(self) -> int:
@@ -27,6 +103,3 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.n_kv_heads * self.head_dim
-
-
-SUPPORTED_ARCHS = ("llama", "qwen2")

@@ -8,7 +8,8 @@ import torch
 
 from .. import kernels
 from ..errors import ModelError
-from .config import SUPPORTED_ARCHS, ModelConfig
+from .config import ModelConfig, architecture
+from .rope import rope_from_gguf
 from .transformer import Transformer
 
 
@@ -29,11 +30,14 @@ def open_gguf(path: Path):
 
 
 def read_config(reader) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelError(f"unsupported architecture '{arch}' (the native decoder covers {', '.join(SUPPORTED_ARCHS)})")
-    names = {t.name for t in reader.tensors}
-    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    arch = architecture(_field(reader, "general.architecture")).name
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise ModelError("the GGUF file has no token_embd.weight tensor")
+    embed = tensors["token_embd.weight"]
+    # llama 3's per-frequency divisors of the rotary frequencies
+    divisors = tensors.get("rope_freqs.weight")
+    divisors = None if divisors is None else [float(d) for d in np.asarray(divisors.data, dtype=np.float32).reshape(-1)]
     hidden = int(_field(reader, f"{arch}.embedding_length"))
     n_heads = int(_field(reader, f"{arch}.attention.head_count"))
     return ModelConfig(
@@ -48,8 +52,9 @@ def read_config(reader) -> ModelConfig:
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         context_length=int(_field(reader, f"{arch}.context_length", 2048)),
-        tie_embeddings="output.weight" not in names,
-        qkv_bias="blk.0.attn_q.bias" in names,
+        tie_embeddings="output.weight" not in tensors,
+        qkv_bias="blk.0.attn_q.bias" in tensors,
+        rope_scaling=rope_from_gguf(lambda key, default: _field(reader, key, default), arch, divisors),
     )
 
 
@@ -81,7 +86,7 @@ def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions
 
     def qk(name: str, heads: int) -> np.ndarray:
         array = get(name)
-        return _unpermute_rope_rows(array, heads) if config.arch == "llama" else array
+        return _unpermute_rope_rows(array, heads) if config.architecture.gguf_permuted_qk else array
 
     model = Transformer(config, weight_dtype=weight_dtype, max_positions=max_positions)
 
@@ -103,6 +108,9 @@ def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions
             put(layer.qkv_bias, np.concatenate([
                 qk(p + "attn_q.bias", config.n_heads), qk(p + "attn_k.bias", config.n_kv_heads), get(p + "attn_v.bias")
             ]))
+        if layer.q_norm is not None:
+            put(layer.q_norm, get(p + "attn_q_norm.weight"))
+            put(layer.k_norm, get(p + "attn_k_norm.weight"))
         put(layer.out_proj, get(p + "attn_output.weight"))
         put(layer.gate_up, np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")]))
         put(layer.down, get(p + "ffn_down.weight"))
@@ -122,7 +130,7 @@ def read_gguf_blocks(path: Path, config: ModelConfig, reader=None) -> dict[str, 
         if t is None or int(t.tensor_type) not in kernels.GGUF_KERNEL_TYPES | kernels.QUANT_KERNEL_TYPES:
             return None
         data = np.asarray(t.data)
-        if heads is not None and config.arch == "llama":
+        if heads is not None and config.architecture.gguf_permuted_qk:
             data = _unpermute_rope_rows(data, heads)
         return int(t.tensor_type), torch.from_numpy(np.array(data, dtype=np.uint8, copy=True))
 

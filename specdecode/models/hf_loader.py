@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelError
-from .config import SUPPORTED_ARCHS, ModelConfig
+from .config import SUPPORTED_ARCHS, ModelConfig, architecture
+from .rope import rope_from_hf
 from .transformer import Transformer
 
 
@@ -25,10 +26,16 @@ def is_native_arch(hf_config: dict) -> bool:
 
 
 def config_from_hf(cfg: dict) -> ModelConfig:
+    arch = architecture(cfg.get("model_type"))
+    sliding = cfg.get("use_sliding_window") or any(kind != "full_attention" for kind in cfg.get("layer_types") or ())
+    if sliding or cfg.get("mlp_bias"):
+        raise ModelError(f"'{arch.name}' with {'sliding-window attention' if sliding else 'MLP biases'}"
+                         " is not supported by the native decoder")
     n_heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
+    rope_theta, rope_scaling = rope_from_hf(cfg)
     return ModelConfig(
-        arch=cfg["model_type"],
+        arch=arch.name,
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=hidden,
         intermediate_size=int(cfg["intermediate_size"]),
@@ -36,11 +43,12 @@ def config_from_hf(cfg: dict) -> ModelConfig:
         n_heads=n_heads,
         n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
         head_dim=int(cfg.get("head_dim") or hidden // n_heads),
-        rope_theta=float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        rope_theta=rope_theta,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         context_length=int(cfg.get("max_position_embeddings", 2048)),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=cfg["model_type"] == "qwen2" or bool(cfg.get("attention_bias", False)),
+        qkv_bias=arch.qkv_bias or bool(cfg.get("attention_bias", False)),
+        rope_scaling=rope_scaling,
     )
 
 
@@ -87,6 +95,9 @@ def load_hf_native(folder: Path, device, weight_dtype: torch.dtype, max_position
         put(layer.qkv, torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]))
         if layer.qkv_bias is not None:
             put(layer.qkv_bias, torch.cat([get(a + "q_proj.bias"), get(a + "k_proj.bias"), get(a + "v_proj.bias")]))
+        if layer.q_norm is not None:
+            put(layer.q_norm, get(a + "q_norm.weight"))
+            put(layer.k_norm, get(a + "k_norm.weight"))
         put(layer.out_proj, get(a + "o_proj.weight"))
         put(layer.gate_up, torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]))
         put(layer.down, get(p + "mlp.down_proj.weight"))

@@ -16,7 +16,7 @@ import torch
 from .. import cachefiles, kernels, registry
 from ..errors import ModelError, UnsupportedDtype
 from ..tokenizer import Tokenizer
-from .config import ModelConfig
+from .config import ModelConfig, architecture
 from .transformer import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -55,12 +55,17 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# What a converted folder holds; a new version converts every file again. v2: the rope scaling in config.json
+# (folders of v1 were converted without it, and a llama 3 file among them would run with unscaled frequencies).
+CONVERTED_FORMAT = 2
+
+
 def _converted_dir(gguf_path: Path) -> Path:
     """The converted folder of one version of one file, keyed by its full resolved path, its size and its mtime in
     nanoseconds: two fine-tunes of the same file name and size, or a file replaced within the same second, differ."""
     resolved = gguf_path.resolve()
     stat = resolved.stat()
-    identity = f"{resolved}\n{stat.st_size}\n{stat.st_mtime_ns}".encode("utf-8", "surrogateescape")
+    identity = f"{resolved}\n{stat.st_size}\n{stat.st_mtime_ns}\nformat {CONVERTED_FORMAT}".encode("utf-8", "surrogateescape")
     return registry.cache_dir() / "converted" / f"{resolved.stem}-{hashlib.sha256(identity).hexdigest()[:16]}"
 
 
@@ -293,7 +298,7 @@ def load_model(
             model = _finish_native(load_hf_native(path, device, weight_dtype, positions), weight_dtype, quantize)
             used_backend = "native"
         elif backend == "native":
-            raise ModelError(f"unsupported architecture '{hf_config.get('model_type')}' for the native decoder")
+            architecture(hf_config.get("model_type"))  # raises: names the architectures the native decoder covers
         else:
             if quantize:
                 raise UnsupportedDtype(f"dtype '{dtype}' needs the native decoder; '{hf_config.get('model_type')}' runs through transformers")

@@ -1,7 +1,8 @@
-"""Native PyTorch decoder for the Llama/Qwen2 family.
+"""Native PyTorch decoder for the Llama/Qwen family (config.ARCHITECTURES).
 
-RMSNorm, rotary embeddings (half-rotation layout, as in Hugging Face checkpoints), grouped-query
-attention, SwiGLU, optional QKV bias, tied or separate output head. The Q/K/V projections and
+RMSNorm, rotary embeddings (half-rotation layout, as in Hugging Face checkpoints; frequencies in rope.py),
+grouped-query attention, SwiGLU, optional QKV bias, optional per-head RMSNorm of q and k (Qwen3), tied or
+separate output head. The Q/K/V projections and
 the gate/up projections are fused into one weight each, so a block of tokens streams each layer's
 weights in as few matmuls as possible.
 """
@@ -16,6 +17,7 @@ from torch import nn
 from .. import kernels
 from ..cache import KVCache
 from .config import ModelConfig
+from .rope import rope_tables
 
 
 @dataclass
@@ -46,13 +48,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def rope_tables(config: ModelConfig, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    half = config.head_dim // 2
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
-    angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)  # [P, half]
-    return angles.cos().float().to(device), angles.sin().float().to(device)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, head_dim]; cos/sin: [T, head_dim/2]."""
     half = x.shape[-1] // 2
@@ -74,6 +69,9 @@ class DecoderLayer(nn.Module):
         self.qkv_bias = (
             nn.Parameter(torch.zeros(c.q_size + 2 * c.kv_size), requires_grad=False) if c.qkv_bias else None
         )
+        # Qwen3: RMSNorm of each q and k head (one weight per head dimension, shared by the heads) before RoPE.
+        self.q_norm = nn.Parameter(torch.ones(c.head_dim), requires_grad=False) if c.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(c.head_dim), requires_grad=False) if c.qk_norm else None
         self.out_proj = nn.Parameter(torch.empty(c.hidden_size, c.q_size, dtype=weight_dtype), requires_grad=False)
         self.gate_up = nn.Parameter(torch.empty(2 * c.intermediate_size, c.hidden_size, dtype=weight_dtype), requires_grad=False)
         self.down = nn.Parameter(torch.empty(c.hidden_size, c.intermediate_size, dtype=weight_dtype), requires_grad=False)
@@ -107,12 +105,14 @@ class DecoderLayer(nn.Module):
         c = self.config
         seq = x.shape[0]
         if isinstance(self.qkv, kernels.QuantWeight):
-            qkv = kernels.int8_attn_in(x, self.attn_norm, c.rms_norm_eps, self.qkv, self.qkv_bias, cos, sin, c)
+            qkv = kernels.int8_attn_in(x, self, cos, sin, c)
             return (part.view(seq, -1, c.head_dim) for part in qkv.split((c.q_size, c.kv_size, c.kv_size), dim=-1))
         h = rms_norm(x, self.attn_norm, c.rms_norm_eps)
         q, k, v = kernels.linear(h, self.qkv, self.qkv_bias).split((c.q_size, c.kv_size, c.kv_size), dim=-1)
-        q = apply_rope(q.view(seq, c.n_heads, c.head_dim), cos, sin)
-        k = apply_rope(k.view(seq, c.n_kv_heads, c.head_dim), cos, sin)
+        q, k = q.reshape(seq, c.n_heads, c.head_dim), k.reshape(seq, c.n_kv_heads, c.head_dim)
+        if self.q_norm is not None:
+            q, k = rms_norm(q, self.q_norm, c.rms_norm_eps), rms_norm(k, self.k_norm, c.rms_norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         return q, k, v.view(seq, c.n_kv_heads, c.head_dim)
 
     def _attend(self, layer_index: int, span: "RowSpan", q, k, v) -> torch.Tensor:

@@ -41,15 +41,17 @@ def native_logits(model, ids: list[int]) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- tiny HF models
 def tiny_hf_model(arch: str, tied: bool, seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     common = dict(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=tied)
     torch.manual_seed(seed)
     if arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(rope_theta=50000.0, **common))
-    else:
+        model = LlamaForCausalLM(LlamaConfig(rope_parameters=dict(rope_type="default", rope_theta=50000.0), **common))
+    elif arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(rope_theta=1000000.0, **common))
+    else:  # heads of 32 with hidden 64: q_size 128, head_dim given explicitly as Qwen3 configs do
+        model = Qwen3ForCausalLM(Qwen3Config(rope_theta=1000000.0, head_dim=32, **common))
     with torch.no_grad():  # default init is tiny (std 0.02), norms 1, biases 0: make every part matter
         for name, param in model.named_parameters():
             if "norm" in name:
@@ -61,13 +63,14 @@ def tiny_hf_model(arch: str, tied: bool, seed: int):
     return model.eval()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_tiny_hf_folder_native_matches_transformers(tmp_path, arch, tied):
     hf = tiny_hf_model(arch, tied, seed=70)
     hf.save_pretrained(str(tmp_path))
     config = config_from_hf(read_hf_config(tmp_path))
     assert config.arch == arch and config.tie_embeddings == tied and config.qkv_bias == (arch == "qwen2")
+    assert config.qk_norm == (arch == "qwen3") and config.head_dim == (32 if arch == "qwen3" else 16)
     assert config.rope_theta == hf.config.rope_parameters["rope_theta"] if hasattr(hf.config, "rope_parameters") else True
     native = load_hf_native(tmp_path, "cpu", torch.float32, 128)
     ids = [3, 141, 59, 26, 53, 58, 97, 93, 238, 46, 264, 33, 83, 279, 50, 28, 84, 197, 169, 39]

@@ -51,9 +51,36 @@ def add_byte_tokenizer(writer, vocab_size: int) -> None:
     writer.add_eos_token_id(vocab_size - 1)
 
 
-def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, tokenizer=False):
+def add_rope_scaling(writer, c) -> None:
+    """The model's rope scaling as llama.cpp's convert_hf_to_gguf.py writes it: llama 3's as a rope_freqs tensor of
+    per-frequency divisors (computed here its way, not by specdecode's code), linear and yarn as keys."""
+    import gguf
+    import math
+
+    s = c.rope_scaling
+    if s.kind == "llama3":
+        divisors = []
+        for freq in 1.0 / (c.rope_theta ** (np.arange(0, c.head_dim, 2, dtype=np.float32) / c.head_dim)):
+            wavelen = 2 * math.pi / freq
+            if wavelen < s.original_context / s.high_freq_factor:
+                divisors.append(1)
+            elif wavelen > s.original_context / s.low_freq_factor:
+                divisors.append(s.factor)
+            else:
+                smooth = (s.original_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+                divisors.append(1 / ((1 - smooth) / s.factor + smooth))
+        writer.add_tensor("rope_freqs.weight", np.array(divisors, dtype=np.float32))
+    elif s.kind in ("linear", "yarn"):
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if s.kind == "linear" else gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(s.factor)
+        if s.kind == "yarn":
+            writer.add_rope_scaling_orig_ctx_len(s.original_context)
+
+
+def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, tokenizer=False, extra_kv=None):
     """quant: a gguf.GGMLQuantizationType for every matrix (norms and biases stay float32).
-    tokenizer: add a byte-level vocabulary (the tiny models' 256 tokens) so that load_model can convert it."""
+    tokenizer: add a byte-level vocabulary (the tiny models' 256 tokens) so that load_model can convert it.
+    extra_kv: called with the writer to add more keys."""
     import gguf
 
     c = model.config
@@ -65,10 +92,15 @@ def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, to
     writer.add_feed_forward_length(c.intermediate_size)
     writer.add_head_count(c.n_heads)
     writer.add_head_count_kv(c.n_kv_heads)
+    writer.add_key_length(c.head_dim)
+    writer.add_value_length(c.head_dim)
     writer.add_rope_freq_base(c.rope_theta)
+    add_rope_scaling(writer, c)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     if tokenizer:
         add_byte_tokenizer(writer, c.vocab_size)
+    if extra_kv:
+        extra_kv(writer)
 
     def add(name, tensor):
         if name in skip:
@@ -100,6 +132,9 @@ def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, to
             add(p + "attn_q.bias", qb)
             add(p + "attn_k.bias", kb)
             add(p + "attn_v.bias", vb)
+        if layer.q_norm is not None:
+            add(p + "attn_q_norm.weight", layer.q_norm)
+            add(p + "attn_k_norm.weight", layer.k_norm)
         add(p + "attn_output.weight", layer.out_proj)
         gate, up = layer.gate_up.chunk(2)
         add(p + "ffn_gate.weight", gate)
@@ -115,8 +150,8 @@ def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, to
 @pytest.mark.parametrize(
     "config",
     [dict(arch="llama"), dict(arch="llama", tie_embeddings=True, n_kv_heads=4), dict(arch="qwen2"),
-     dict(arch="qwen2", tie_embeddings=True)],
-    ids=["llama", "llama-tied-mha", "qwen2", "qwen2-tied"],
+     dict(arch="qwen2", tie_embeddings=True), dict(arch="qwen3", head_dim=32)],
+    ids=["llama", "llama-tied-mha", "qwen2", "qwen2-tied", "qwen3-wide-heads"],
 )
 def test_gguf_round_trip_restores_the_native_layout(tmp_path, config):
     """Written like llama.cpp writes it (Q/K rows permuted for llama), read back to the same model."""
@@ -172,10 +207,13 @@ def test_gguf_blocks_reproduce_the_float32_model_bit_for_bit(tmp_path, config, q
     torch.testing.assert_close(model.layers[0].down.dense, source.layers[0].down, rtol=0, atol=step)
 
 
-def test_gguf_of_an_unsupported_architecture(tmp_path):
-    path = write_gguf(tmp_path / "gpt2.gguf", make_tiny_model(seed=61), arch_name="gpt2")
-    with pytest.raises(ModelError, match="unsupported architecture 'gpt2'"):
+def test_gguf_of_an_unsupported_architecture(tmp_path, private_cache):
+    path = write_gguf(tmp_path / "gpt2.gguf", make_tiny_model(seed=61), arch_name="gpt2", tokenizer=True)
+    supported = r"unsupported architecture 'gpt2' \(the native decoder covers llama, qwen2, qwen3\)"
+    with pytest.raises(ModelError, match=supported):
         load_gguf_model(path, "cpu", torch.float32, None)
+    with pytest.raises(ModelError, match=supported):  # what the CLI prints as one line, converting nothing
+        load_model(str(path), device="cpu")
 
 
 def test_gguf_missing_a_tensor(tmp_path):
