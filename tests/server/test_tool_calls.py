@@ -100,3 +100,22 @@ def test_responses_function_call_round_trip_streamed_and_not(qwen_client):
     final = qwen_client.responses.create(model=QWEN, input=[result], previous_response_id=first.id, tools=[tool],
                                          temperature=0, max_output_tokens=40)
     assert "23" in final.output_text and not [item for item in final.output if item.type == "function_call"]
+
+
+@pytest.mark.parametrize("sampling", [{**GREEDY, "max_tokens": 80}, {"temperature": 0.9, "seed": 4, "max_tokens": 80}], ids=["greedy", "seeded"])
+def test_a_compulsory_call_is_the_same_with_every_drafter(qwen_client, sampling):
+    """tool_choice required / named runs as a grammar through the same per-row controls as response_format: every
+    drafter gives plain decoding's call and log-probabilities."""
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        def call(drafter):
+            completion = qwen_client.chat.completions.create(
+                model=QWEN, messages=QUESTION, tools=[WEATHER], tool_choice=choice, logprobs=True,
+                extra_body={"speculative": {"drafter": drafter}}, **sampling)
+            choice_ = completion.choices[0]
+            calls = [(c.function.name, c.function.arguments) for c in choice_.message.tool_calls or []]
+            return calls, [(t.token, t.logprob) for t in choice_.logprobs.content], choice_.finish_reason
+
+        plain = call("none")
+        assert plain[0] and plain[0][0][0] == "get_weather"
+        for drafter in ("lookup", "suffix", "auto"):
+            assert call(drafter) == plain, (drafter, choice)
