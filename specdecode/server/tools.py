@@ -166,7 +166,9 @@ def tool_grammar(tools: list[dict] | None, tool_choice: str | dict, parallel: bo
         tools = [tool for tool in tools if tool["function"]["name"] == tool_choice["function"]["name"]]
     alternatives = " | ".join(f"call_{index}" for index in range(len(tools)))
     repeat = ' ("\\n" call)*' if parallel else ""
-    lines = [f"start: call{repeat}",
+    # A newline may end the calls: after "</tool_call>" the model writes "\n" before ending its turn, and a grammar
+    # in which "\n" can only start another call makes it call again and again until max_tokens.
+    lines = [f"start: call{repeat} \"\\n\"?",
              # the tags are single (special) tokens of the Qwen vocabulary, named as such
              f"call: {TOOL_OPEN} \"\\n\" ({alternatives}) \"\\n\" {TOOL_CLOSE}"]
     for index, tool in enumerate(tools):

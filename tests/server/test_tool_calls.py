@@ -116,6 +116,6 @@ def test_a_compulsory_call_is_the_same_with_every_drafter(qwen_client, sampling)
             return calls, [(t.token, t.logprob) for t in choice_.logprobs.content], choice_.finish_reason
 
         plain = call("none")
-        assert plain[0] and plain[0][0][0] == "get_weather"
+        assert plain[0] == [("get_weather", "{\"city\": \"Paris\"}")] and plain[2] == "tool_calls"
         for drafter in ("lookup", "suffix", "auto"):
             assert call(drafter) == plain, (drafter, choice)

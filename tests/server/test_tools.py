@@ -188,6 +188,9 @@ def test_required_grammar_takes_calls_to_any_tool_and_nothing_else(qwen_tokenize
     assert accepts(qwen_tokenizer, grammar, call_block("get_weather", {"city": "Paris"}))
     assert accepts(qwen_tokenizer, grammar, call_block("get_weather", {"city": "Paris", "days": 3}))
     assert accepts(qwen_tokenizer, grammar, call_block("get_time", {}) + "\n" + call_block("get_weather", {"city": "Oslo"}))
+    # a newline after the last call may end the answer (else the model, wanting "\n" there, calls forever)
+    assert accepts(qwen_tokenizer, grammar, call_block("get_time", {}) + "\n")
+    assert not accepts(qwen_tokenizer, grammar, call_block("get_time", {}) + "\n\n")
     assert not accepts(qwen_tokenizer, grammar, "The weather is nice.")
     assert not accepts(qwen_tokenizer, grammar, "Sure. " + call_block("get_time", {}))  # no text: calls only
     assert not accepts(qwen_tokenizer, grammar, call_block("get_wether", {"city": "Paris"}))  # unknown function
