@@ -83,15 +83,17 @@ class RowControls:
     answer: Counter = field(default_factory=Counter)  # token -> occurrences in the answer
     seen: Counter = field(default_factory=Counter)  # token -> occurrences in prompt and answer
     pushed: list[int] = field(default_factory=list)
+    bias_ids: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    bias_values: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
 
     @classmethod
     def start(cls, spec: LogitControls, prompt_ids, vocab_size: int, matcher=None, eos_ids=frozenset()):
-        controls = cls(spec, vocab_size, matcher, frozenset(eos_ids))
+        bias = [(token, value) for token, value in spec.logit_bias if token < vocab_size]
+        controls = cls(spec, vocab_size, matcher, frozenset(eos_ids),
+                       bias_ids=torch.tensor([t for t, _ in bias], dtype=torch.long),
+                       bias_values=torch.tensor([v for _, v in bias], dtype=torch.float32))
         if spec.repetition_penalty != 1.0:
             controls.seen.update(prompt_ids)
-        bias = [(token, value) for token, value in spec.logit_bias if token < vocab_size]
-        controls._bias_ids = torch.tensor([t for t, _ in bias], dtype=torch.long)
-        controls._bias_values = torch.tensor([v for _, v in bias], dtype=torch.float32)
         return controls
 
     # ------------------------------------------------------------------ state
@@ -128,8 +130,8 @@ class RowControls:
         from (a new float32 tensor)."""
         out = row.float().clone()
         spec = self.spec
-        if self._bias_ids.numel():
-            out[0, self._bias_ids] += self._bias_values
+        if self.bias_ids.numel():
+            out[0, self.bias_ids] += self.bias_values
         if spec.repetition_penalty != 1.0 and self.seen:
             ids = torch.tensor(sorted(self.seen), dtype=torch.long)
             values = out[0, ids]

@@ -67,12 +67,11 @@ def propose(drafter: Drafter | None, sequence: list[int], k: int, sampling: Samp
     valid = controls.valid_prefix(draft.tokens)
     if valid < len(draft.tokens):
         draft = replace(draft, tokens=draft.tokens[:valid], confidences=draft.confidences[:valid])
-    if drafter is not None and valid == len(draft.tokens):
-        forced = controls.forced_after(draft.tokens, forced_limit - len(draft.tokens))
-        if forced:  # confidence NaN: the calibration of the drafter's own tokens must not learn from them
-            draft = replace(draft, tokens=draft.tokens + forced,
-                            confidences=(draft.confidences if len(draft.confidences) == valid else [float("nan")] * valid)
-                            + [float("nan")] * len(forced), forced=len(forced))
+    forced = controls.forced_after(draft.tokens, forced_limit - valid) if drafter is not None else []
+    if forced:  # confidence NaN: the calibration of the drafter's own tokens must not learn from them
+        own = draft.confidences if len(draft.confidences) == valid else [float("nan")] * valid
+        draft = replace(draft, tokens=draft.tokens + forced, confidences=own + [float("nan")] * len(forced),
+                        forced=len(forced))
     return draft
 
 
