@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's own tools (llama-bench, llama-speculative-simple, llama-completion, llama-server) from
-# the llama.cpp vendored in the llama-cpp-python sdist, for `specdecode bench --peers` and for serving
-# benchmarks against llama-server (several slots, -np).
+# Builds llama.cpp's own tools (llama-bench, llama-speculative-simple, llama-completion, llama-server,
+# llama-quantize) from the llama.cpp vendored in the llama-cpp-python sdist, for `specdecode bench --peers`,
+# for serving benchmarks against llama-server (several slots, -np) and for test files of every quantization.
 #
 # Usage: scripts/build_llamacpp.sh [BIN_DIR]
 #   BIN_DIR          where the binaries go (default: $LLAMACPP_BIN, else ${SPECDECODE_CACHE:-~/.cache/specdecode}/llama.cpp/bin)
@@ -22,7 +22,7 @@ set -euo pipefail
 VERSION=${LLAMACPP_PY_VERSION:-0.3.36}
 BIN=${1:-${LLAMACPP_BIN:-${SPECDECODE_CACHE:-$HOME/.cache/specdecode}/llama.cpp/bin}}
 JOBS=${LLAMACPP_JOBS:-2}
-TARGETS=(llama-bench llama-speculative-simple llama-completion llama-server)
+TARGETS=(llama-bench llama-speculative-simple llama-completion llama-server llama-quantize)
 
 ISA_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
