@@ -5,7 +5,7 @@
 # origin, and statistics.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh serve
 .venv/bin/specdecode models pull qwen2.5-coder-1.5b qwen2.5-coder-0.5b
 prompt=${1:-"Add type hints and a docstring to this Python function, and return the whole function:
 

@@ -2,7 +2,7 @@
 # The test suite on a fresh machine: set up, fetch the real test models and a headless browser, run pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh test
 .venv/bin/specdecode models pull smollm2-135m qwen2.5-coder-0.5b
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   echo "test: installing Debian's chromium for the playground test" >&2

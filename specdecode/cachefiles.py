@@ -47,10 +47,14 @@ def temp_prefix(kind: str) -> str:
     return f"{kind}~{os.getpid()}@{PID_SPACE}~"
 
 
+def cache_dir() -> Path:
+    """Where assembled models, converted folders and compiled kernels live; SPECDECODE_CACHE overrides the default."""
+    root = os.environ.get("SPECDECODE_CACHE") or Path.home() / ".cache" / "specdecode"
+    return Path(root)
+
+
 def lock_path(*names: str) -> Path:
     """The lock file for one cached thing (locks live apart, so cache folders list only models)."""
-    from .registry import cache_dir
-
     return cache_dir() / "locks" / ("-".join(names) + ".lock")
 
 

@@ -9,7 +9,7 @@ import sys
 from . import registry
 from .bench.prompts import SUITES
 from .build import build_engine, parse_k
-from .errors import SpecDecodeError
+from .errors import SpecDecodeError, require_extra
 
 # accepted: copied from text (green) or proposed by a draft model (magenta); the target's own tokens after
 COLOURS = {"accepted": "\033[32m", "accepted (draft model)": "\033[35m", "recovered": "\033[33m", "bonus": "\033[36m",
@@ -127,6 +127,7 @@ def cmd_models(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    require_extra("bench", "matplotlib")
     from .bench.runner import run_bench_cli
 
     return run_bench_cli(args)
@@ -139,12 +140,16 @@ def cmd_bench_merge(args) -> int:
 
 
 def cmd_tune(args) -> int:
+    require_extra("bench", "matplotlib")
     from .bench.tune import run_tune_cli
 
     return run_tune_cli(args)
 
 
 def cmd_serve(args) -> int:
+    require_extra("serve", "fastapi", "uvicorn", "prometheus_client")
+    if args.replicas:
+        require_extra("cluster", "ray")
     from .server.app import run_server
 
     return run_server(args)

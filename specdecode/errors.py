@@ -23,3 +23,19 @@ class ChatTemplateError(InputError):
 
 class ToolsUnsupported(ChatTemplateError):
     """The model's chat template has no place for tools: it renders a chat the same with and without them."""
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """Refuse in one line a command whose optional dependencies (an extra of pyproject.toml) are not installed:
+    the core library installs only what decoding needs."""
+    from importlib import import_module
+
+    missing = []
+    for name in modules:
+        try:
+            import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise SpecDecodeError(f"this needs the '{extra}' extra ({', '.join(missing)} not installed): "
+                              f"pip install -e '.[{extra}]' in the checkout, or scripts/setup.sh {extra}")

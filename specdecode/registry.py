@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from . import cachefiles
+from .cachefiles import cache_dir  # noqa: F401  (registry.cache_dir: where models and kernels live)
 from .errors import ModelError
 
 
@@ -77,12 +78,6 @@ REGISTRY: dict[str, RegistryEntry] = {
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
-
-
-def cache_dir() -> Path:
-    """Where assembled models live; SPECDECODE_CACHE overrides the default."""
-    root = os.environ.get("SPECDECODE_CACHE") or Path.home() / ".cache" / "specdecode"
-    return Path(root)
 
 
 def cached_path(name: str) -> Path:

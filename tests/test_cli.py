@@ -209,3 +209,10 @@ def test_a_benchmark_loads_the_draft_model_but_auto_uses_it_only_where_the_defau
     assert drafter == "auto" and engine.draft is not None
     assert engine.auto_draft_model is auto_drafts
     assert ("draft" in engine.drafter("auto").sources) is auto_drafts
+
+
+def test_a_command_whose_extra_is_missing_says_which_extra_in_one_line():
+    """The core install has no server: `specdecode serve` without fastapi names the extra to install."""
+    code = "import sys; sys.modules['fastapi'] = None; from specdecode.cli import main; sys.exit(main(['serve']))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert_clean_error(result, "'serve' extra", "fastapi", "scripts/setup.sh serve")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .prompts import BenchPrompt
+from .bench_prompt import BenchPrompt
 
 OWN_SOLUTIONS = Path(__file__).resolve().parents[1] / "data" / "humaneval_own_solutions.jsonl"
 

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from .bench_prompt import BenchPrompt
 
 SUITE_FILES = {"humaneval": "humaneval.jsonl", "specbench": "specbench.jsonl", "codeedit": "humaneval.jsonl",
                "codeedit-own": "humaneval.jsonl", "chat3": "humaneval.jsonl", "short": None}
 SUITES = tuple(SUITE_FILES)
-
-
-@dataclass(frozen=True)
-class BenchPrompt:
-    id: str
-    category: str
-    turns: tuple[str, ...]  # user turns, answered one after another as a chat
 
 
 def find_bench_dir(explicit: str | None = None) -> Path:

@@ -6,7 +6,7 @@ drafts already cost more than they save: the suite checks that the default draft
 """
 from __future__ import annotations
 
-from .prompts import BenchPrompt
+from .bench_prompt import BenchPrompt
 
 PROMPTS = {
     "chat": (

@@ -74,6 +74,3 @@ def available_drafters(has_draft_model: bool) -> list[str]:
     """Every drafter by name, less those that need a draft model where the engine has none."""
     return [name for name, spec in DRAFTERS.items() if has_draft_model or not spec.needs_draft_model]
 
-
-def needs_draft_model(name: str) -> bool:
-    return drafter_spec(name).needs_draft_model
