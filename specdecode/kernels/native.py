@@ -20,18 +20,38 @@ _kernel = None  # the loaded extension module; None until loaded, or where unava
 _kernel_failed: str | None = None
 
 
-def _cpu_has_avx2_fma() -> bool:
+def _cpu_flags() -> set[str]:
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    return " avx2" in flags and " fma" in flags and " f16c" in flags
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def _cpu_has_avx2_fma() -> bool:
+    return {"avx2", "fma", "f16c"} <= _cpu_flags()
+
+
+def isa_build_flags() -> list[str]:
+    """The int8 kernel's faster paths (AVX-512 VNNI, AMX) compiled only where this CPU runs them: a first build on
+    an AVX2-only CPU compiles one copy of the kernel instead of three. SPECDECODE_KERNEL_ISAS=all compiles every
+    path (a build for other machines). Every path gives the same bits; the flags only decide which exist."""
+    flags = _cpu_flags()
+    every = os.environ.get("SPECDECODE_KERNEL_ISAS") == "all"
+    vnni = every or {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
+    amx = every or (vnni and {"amx_tile", "amx_int8"} <= flags)
+    return [f"-DQD_BUILD_VNNI={int(vnni)}", f"-DQD_BUILD_AMX={int(amx)}"]
 
 
 _HERE = Path(__file__).parent
 KERNEL_SOURCES = [_HERE / name for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "quant_dot.cpp", "int8_layer.cpp")]
 KERNEL_HEADERS = [_HERE / name for name in ("avx2_math.h", "quant_dot_impl.h")]
 KERNEL_CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+
+
+def kernel_cflags() -> list[str]:
+    return KERNEL_CFLAGS + isa_build_flags()
 
 
 def kernel_build_dir() -> Path:
@@ -42,7 +62,7 @@ def kernel_build_dir() -> Path:
     """
     from ..registry import cache_dir
 
-    digest = hashlib.sha256(" ".join(KERNEL_CFLAGS + [torch.__version__, str(_HERE)]).encode())
+    digest = hashlib.sha256(" ".join(kernel_cflags() + [torch.__version__, str(_HERE)]).encode())
     for path in [*KERNEL_SOURCES, *KERNEL_HEADERS]:
         digest.update(path.read_bytes())
     return cache_dir() / "kernels" / digest.hexdigest()[:16]
@@ -68,7 +88,7 @@ def load_kernel():
             build_dir = kernel_build_dir()
             build_dir.mkdir(parents=True, exist_ok=True)
             if not list(build_dir.glob("specdecode_skinny_linear*.so")):
-                print("specdecode: compiling the CPU matmul and attention kernels (first use only, a few minutes) ...", file=sys.stderr)
+                print("specdecode: compiling the CPU kernels for this CPU (first use only, 1-3 minutes) ...", file=sys.stderr)
             # PyTorch's own build lock is a plain file: a build killed mid-way (SIGTERM, SIGKILL) leaves it
             # behind and every later load waits on it forever. An flock dies with its process, so whoever holds
             # it knows no other build of ours is running and removes a leftover file first.
@@ -78,7 +98,7 @@ def load_kernel():
                 _kernel = load(
                     name="specdecode_skinny_linear",
                     sources=[str(path) for path in KERNEL_SOURCES],
-                    extra_cflags=KERNEL_CFLAGS,
+                    extra_cflags=kernel_cflags(),
                     extra_ldflags=["-fopenmp"],
                     build_directory=str(build_dir),
                     verbose=False,

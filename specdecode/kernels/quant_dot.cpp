@@ -26,6 +26,16 @@ namespace qd_avx2 {
 }
 #undef QD_VNNI
 
+// Which faster paths to compile: native.py passes those this CPU can run (a first build compiles only them);
+// compiled without the flags, every path is.
+#ifndef QD_BUILD_VNNI
+#define QD_BUILD_VNNI 1
+#endif
+#ifndef QD_BUILD_AMX
+#define QD_BUILD_AMX 1
+#endif
+
+#if QD_BUILD_VNNI
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
 namespace qd_vnni {
@@ -34,10 +44,11 @@ namespace qd_vnni {
 #undef QD_VNNI
 }
 #pragma GCC pop_options
+#endif
 
 // A third copy for CPUs with AMX-INT8: the VNNI path, whose interleaved Q4_K tiles of 16 and 32 tokens multiply on
 // the tile units (tile_q4k_amx in quant_dot_impl.h). Same integers, same float operations, same bits.
-#if defined(__GNUC__) && __GNUC__ >= 11 && defined(__x86_64__)
+#if QD_BUILD_VNNI && QD_BUILD_AMX && defined(__GNUC__) && __GNUC__ >= 11 && defined(__x86_64__)
 #define QD_HAVE_AMX 1
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
@@ -58,7 +69,7 @@ namespace {
 bool cpu_has_vnni() {  // asked once: every decoding matmul passes through here
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+    return QD_BUILD_VNNI && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512vnni");
   }();
   return has;
@@ -228,10 +239,14 @@ void quant_linear_into(const torch::Tensor& x, const std::vector<torch::Tensor>&
     return;
   }
 #endif
+#if QD_BUILD_VNNI
   if (isa == "avx512-vnni") {
     const qd_vnni::Act act{in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), kd_by_block.data(), M, bq.data(), bd.data(), bsum.data()};
     qd_vnni::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
-  } else {
+    return;
+  }
+#endif
+  {
     const qd_avx2::Act act{in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), kd_by_block.data(), M, bq.data(), bd.data(), bsum.data()};
     qd_avx2::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
   }
