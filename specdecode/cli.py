@@ -148,9 +148,7 @@ def cmd_tune(args) -> int:
 
 def cmd_serve(args) -> int:
     require_extra("serve", "fastapi", "uvicorn", "prometheus_client")
-    if args.replicas:
-        require_extra("cluster", "ray")
-    from .server.app import run_server
+    from .server.serve_command import run_server
 
     return run_server(args)
 

@@ -1,1 +1,1 @@
-"""OpenAI-compatible HTTP server around the speculative engine (see app.create_app / app.run_server)."""
+"""OpenAI-compatible HTTP server around the speculative engine (app.create_app; serve_command.run_server)."""

@@ -24,32 +24,17 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 
 from ray import serve
 
 from ..build import EngineOptions, prepare_model_files
 from .cluster_entry import EntryPoint
 from .cluster_replica import EngineReplica, PrefixAffinityRouter, ReplicaBoard
+from .cluster_settings import ClusterSettings
+from .serve_options import api_keys_from_args, exposure_options, served_model_name
 
 APP_NAME = "specdecode"
-
-
-@dataclass
-class ClusterSettings:
-    engine_options: dict  # the `serve` flags build_engine reads (model, draft, precision, ctx, ...)
-    model_name: str
-    replicas: int = 2
-    threads_per_replica: int = 1
-    queue_size: int = 16
-    max_batch: int = 8
-    api_key: object = None  # exposure.ApiKeys, one key, or None (an open API)
-    metrics_key: str | None = None  # None: the API key
-    expose_timings: bool = False
-    allowed_hosts: set[str] | None = None
-    cors_origins: list[str] = field(default_factory=list)
-    shutdown_grace_s: float = 30.0
-    routing: dict = field(default_factory=dict)  # PrefixRouter's knobs: block_chars, min_prefix_chars, max_imbalance
 
 
 def build_application(settings: ClusterSettings):
@@ -91,8 +76,6 @@ ENGINE_FLAGS = {f.name for f in fields(EngineOptions)} - {"threads"}
 
 
 def settings_from_args(args, model_name: str, allowed_hosts) -> ClusterSettings:
-    from .app import api_keys_from_args
-
     options = {k: v for k, v in vars(args).items() if k in ENGINE_FLAGS}
     threads = args.threads_per_replica or max(1, (os.cpu_count() or 1) // args.replicas)
     return ClusterSettings(options, model_name, replicas=args.replicas, threads_per_replica=threads,
@@ -108,12 +91,10 @@ def run_cluster_server(args) -> int:
     down (replicas finish their requests within --shutdown-grace) and exit 0. A joined cluster keeps running."""
     import ray
 
-    from .app import exposure_options, served_model_name
-
     settings = settings_from_args(args, served_model_name(args), exposure_options(args))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Serve's HTTP proxy runs uvicorn with its defaults, which believe X-Forwarded-For from any local process
-    # (app.uvicorn_config says why not); it reads this variable, which a Ray instance started here inherits.
+    # (serve_options.uvicorn_config says why not); it reads this variable, which a Ray instance started here inherits.
     os.environ["FORWARDED_ALLOW_IPS"] = getattr(args, "forwarded_allow_ips", None) or ""
     if args.ray_address:
         print("specdecode: note: the joined cluster's Serve proxy believes X-Forwarded-For from the addresses in its"

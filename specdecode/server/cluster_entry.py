@@ -17,7 +17,7 @@ from .protocol import ApiError, GenerationRequest
 from .routing import PrefixRouter
 
 if TYPE_CHECKING:
-    from .cluster import ClusterSettings
+    from .cluster_settings import ClusterSettings
 
 RESEND_ATTEMPTS = 5  # a request whose replica died before starting it goes to another one
 ENTRY_FAMILIES = {"specdecode_requests", "specdecode_errors", "specdecode_model_info"}  # counted at the entry point

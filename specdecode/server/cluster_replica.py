@@ -17,7 +17,7 @@ from .protocol import ApiError, GenerationRequest
 from .routing import PrefixRouter
 
 if TYPE_CHECKING:
-    from .cluster import ClusterSettings
+    from .cluster_settings import ClusterSettings
 
 log = logging.getLogger("specdecode.server")
 

@@ -1,4 +1,4 @@
-"""OpenAI request parsing and validation, and the OpenAI-style error object.
+"""OpenAI request parsing and validation (errors: api_error.py).
 
 Parsing is hand-written rather than pydantic so that every rejection names the offending
 parameter in the `param` field and reads like OpenAI's own messages.
@@ -13,6 +13,8 @@ from typing import Any
 from ..controls import LogitControls
 from ..drafters.registry import DRAFTER_NAMES
 from ..grammar import GrammarSpec
+from .api_error import ApiError  # noqa: F401  (re-exported: protocol's parsers raise it)
+from .tools import parse_tool_options, tool_constraint, tool_message
 
 CHAT_ROLES = {"system", "user", "assistant", "developer", "tool"}
 MAX_STOP_STRINGS = 16
@@ -39,28 +41,6 @@ IGNORED = {"metadata", "store", "service_tier", "prompt_cache_key", "safety_iden
 UNSUPPORTED_CHAT = {"audio", "modalities", "prediction", "web_search_options", "functions", "function_call",
                     "reasoning_effort", "verbosity"}
 UNSUPPORTED_COMPLETION = {"best_of", "echo", "suffix"}
-
-
-class ApiError(Exception):
-    """An error answered to the client as {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
-        self.headers = headers or {}
-
-    @property
-    def kind(self) -> str:
-        """Label for the errors metric."""
-        return self.code or self.type
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -381,8 +361,6 @@ def _message_text(content, index: int) -> str:
 
 
 def parse_chat(body: dict) -> GenerationRequest:
-    from .tools import parse_tool_options, tool_constraint, tool_message
-
     messages = body.get("messages")
     if messages is None:
         raise _bad("messages", "you must provide 'messages'", "missing_required_parameter")

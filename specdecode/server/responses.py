@@ -6,7 +6,7 @@ checks it and the same backend generates it. The conversation so reaches the eng
 engine reuses its cached prefix and copies from earlier answers as it does for any chat.
 
 Stored responses (store: true, the default) live in this process's memory, per client namespace (the key id,
-peer address and, on a server without keys, the bearer token: app.request_namespace without `user`), at most
+peer address and, on a server without keys, the bearer token: http_parts.request_namespace without `user`), at most
 `per_namespace` each and `total` in all, oldest dropped first. Another namespace's id is not found, exactly as
 an id that never existed.
 """
@@ -40,7 +40,7 @@ class ChatHost:
     read_body: Callable  # async (request) -> dict
     namespace_of: Callable  # (request, key id, user) -> namespace
     run_generation: Callable  # async (request, GenerationRequest, key id, answer, stream) -> response
-    gather: Callable  # async (ticket, watch) -> (text, last step, ...)
+    gather: Callable  # async (ticket, watch) -> shaping.Gathered
 
 
 @dataclass
@@ -278,88 +278,103 @@ def status_of(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
-async def stream_events(ticket, gen: GenerationRequest, shape: ResponseShape, finished: Callable):
-    """Server-sent events of the Responses API; `finished(response)` when the answer is whole."""
-    numbers = itertools.count()
+class ResponseEvents:
+    """Server-sent events of the Responses API for one answer: output items (a message, function calls) opened,
+    filled and closed as the steps bring text and tool-call deltas."""
 
-    def event(kind: str, **fields) -> str:
-        payload = {"type": kind, "sequence_number": next(numbers), **fields}
+    def __init__(self, gen: GenerationRequest, shape: ResponseShape):
+        self.shape = shape
+        self.numbers = itertools.count()
+        self.output: list[dict] = []  # the output items so far
+        self.message: dict | None = None  # the message item open, if one is
+        self.calls = ToolCallStream(gen.parallel_tool_calls, gen.tools) if gen.tools else None
+
+    def event(self, kind: str, **fields) -> str:
+        payload = {"type": kind, "sequence_number": next(self.numbers), **fields}
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
-    output, message = [], None  # the output items so far; the message item open, if one is
+    def open_message(self) -> list[str]:
+        self.message = message_item("", "in_progress")
+        self.message["content"] = []
+        self.output.append(self.message)
+        index = len(self.output) - 1
+        return [self.event("response.output_item.added", output_index=index, item=self.message),
+                self.event("response.content_part.added", item_id=self.message["id"], output_index=index,
+                           content_index=0, part={"type": "output_text", "text": "", "annotations": []})]
 
-    def open_message():
-        nonlocal message
-        message = message_item("", "in_progress")
-        message["content"] = []
-        output.append(message)
-        index = len(output) - 1
-        return [event("response.output_item.added", output_index=index, item=message),
-                event("response.content_part.added", item_id=message["id"], output_index=index, content_index=0,
-                      part={"type": "output_text", "text": "", "annotations": []})]
+    def close_message(self, status: str) -> list[str]:
+        index, text = self.output.index(self.message), self.message.pop("text", "")
+        done = message_item(text, status, self.message["id"])
+        self.output[index], part = done, done["content"][0]
+        self.message = None
+        return [self.event("response.output_text.done", item_id=done["id"], output_index=index, content_index=0,
+                           text=text, logprobs=[]),
+                self.event("response.content_part.done", item_id=done["id"], output_index=index, content_index=0,
+                           part=part),
+                self.event("response.output_item.done", output_index=index, item=done)]
 
-    def close_message(status: str):
-        nonlocal message
-        index, text = output.index(message), message.pop("text", "")
-        done = message_item(text, status, message["id"])
-        output[index], part = done, done["content"][0]
-        message = None
-        return [event("response.output_text.done", item_id=done["id"], output_index=index, content_index=0, text=text, logprobs=[]),
-                event("response.content_part.done", item_id=done["id"], output_index=index, content_index=0, part=part),
-                event("response.output_item.done", output_index=index, item=done)]
+    def on_text(self, text: str) -> list[str]:
+        events = self.open_message() if self.message is None else []
+        self.message["text"] = self.message.get("text", "") + text
+        return events + [self.event("response.output_text.delta", item_id=self.message["id"],
+                                    output_index=self.output.index(self.message), content_index=0, delta=text,
+                                    logprobs=[])]
 
-    yield event("response.created", response=shape.object("in_progress", []))
-    yield event("response.in_progress", response=shape.object("in_progress", []))
-    calls = ToolCallStream(gen.parallel_tool_calls, gen.tools) if gen.tools else None
-    while True:
-        kind, payload = await ticket.next()
-        if kind == "error":
-            error = payload.body()["error"]
-            yield event("error", code=error["code"], message=error["message"], param=error["param"])
-            return
-        step = payload
-        if calls is not None:
-            deltas = calls.feed(step.text) + (calls.finish() if step.finished else [])
+    def on_call(self, call: dict) -> list[str]:
+        if "id" in call:  # a call begins: the text before it is done
+            events = self.close_message("completed") if self.message is not None else []
+            item = call_item(self.calls.completed[call["index"]], "in_progress")
+            item["arguments"] = ""
+            self.output.append(item)
+            return events + [self.event("response.output_item.added", output_index=len(self.output) - 1, item=item)]
+        item, index = self.output[-1], len(self.output) - 1  # its arguments, whole: the call is done
+        item.update(arguments=call["function"]["arguments"], status="completed")
+        return [self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                           delta=item["arguments"]),
+                self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                           name=item["name"], arguments=item["arguments"]),
+                self.event("response.output_item.done", output_index=index, item=item)]
+
+    def on_step(self, step) -> list[str]:
+        if self.calls is not None:
+            deltas = self.calls.feed(step.text) + (self.calls.finish() if step.finished else [])
         else:
             deltas = [{"content": step.text}] if step.text else []
+        events = []
         for delta in deltas:
-            if "content" in delta:
-                if message is None:
-                    for text in open_message():
-                        yield text
-                message["text"] = message.get("text", "") + delta["content"]
-                yield event("response.output_text.delta", item_id=message["id"], output_index=output.index(message),
-                            content_index=0, delta=delta["content"], logprobs=[])
-                continue
-            call = delta["tool_calls"][0]
-            if "id" in call:  # a call begins: the text before it is done
-                if message is not None:
-                    for text in close_message("completed"):
-                        yield text
-                item = call_item(calls.completed[call["index"]], "in_progress")
-                item["arguments"] = ""
-                output.append(item)
-                yield event("response.output_item.added", output_index=len(output) - 1, item=item)
-            else:  # its arguments, whole: the call is done
-                item, index = output[-1], len(output) - 1
-                item.update(arguments=call["function"]["arguments"], status="completed")
-                yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                            delta=item["arguments"])
-                yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                            name=item["name"], arguments=item["arguments"])
-                yield event("response.output_item.done", output_index=index, item=item)
+            events += self.on_text(delta["content"]) if "content" in delta else self.on_call(delta["tool_calls"][0])
+        return events
+
+    def finish(self, step) -> tuple[dict, list[str]]:
+        """The whole response, and the events that close it."""
+        status = status_of(step.finish_reason)
+        events = self.open_message() if not self.output else []  # an empty answer is still a message
+        if self.message is not None:
+            events += self.close_message(status)
+        response = self.shape.object(status, self.output, step.stats)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        return response, events + [self.event(kind, response=response)]
+
+
+async def stream_events(ticket, gen: GenerationRequest, shape: ResponseShape, finished: Callable):
+    """Server-sent events of the Responses API; `finished(response)` when the answer is whole."""
+    events = ResponseEvents(gen, shape)
+    yield events.event("response.created", response=shape.object("in_progress", []))
+    yield events.event("response.in_progress", response=shape.object("in_progress", []))
+    while True:
+        kind, step = await ticket.next()
+        if kind == "error":
+            error = step.body()["error"]
+            yield events.event("error", code=error["code"], message=error["message"], param=error["param"])
+            return
+        for text in events.on_step(step):
+            yield text
         if step.finished:
             break
-    status = status_of(step.finish_reason)
-    if not output:  # an empty answer is still a message
-        for text in open_message():
-            yield text
-    if message is not None:
-        for text in close_message(status):
-            yield text
-    response = shape.object(status, output, step.stats)
+    response, closing = events.finish(step)
     finished(response)
-    yield event("response.completed" if status == "completed" else "response.incomplete", response=response)
+    for text in closing:
+        yield text
 
 
 # ---------------------------------------------------------------------- the routes
@@ -393,9 +408,9 @@ def register_responses(app: FastAPI, host: ChatHost, store: ResponseStore | None
                 store.put(response["id"], Stored(namespace, response, conversation + [answer_message(response["output"])]))
 
         async def answer(ticket, watch):
-            text, step, *_ = await host.gather(ticket, watch)
-            status = status_of(step.finish_reason)
-            response = shape.object(status, output_items(text, gen, status), step.stats)
+            done = await host.gather(ticket, watch)
+            status = status_of(done.last.finish_reason)
+            response = shape.object(status, output_items(done.text, gen, status), done.last.stats)
             finished(response)
             return response
 

@@ -4,7 +4,7 @@ The engine runs up to `max_batch` generations at once (batch.BatchEngine: one ta
 each request's tokens those it gets alone) and is not thread-safe, so every call into it runs on one
 dedicated thread, one pass per call; the event loop stays free between passes to accept, queue, stream
 and cancel requests. Requests join the batch between passes as slots free up. Clients take turns by
-lane (app.queue_lane: the API key's id and the peer address, never a field the request chooses): each lane's
+lane (http_parts.queue_lane: the API key's id and the peer address, never a field the request chooses): each lane's
 requests run in arrival order, and lanes are served round-robin, so one client flooding the queue cannot
 starve another.
 """

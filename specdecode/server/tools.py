@@ -19,7 +19,7 @@ import re
 import uuid
 
 from ..grammar import GrammarSpec
-from .protocol import ApiError
+from .api_error import ApiError
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names

@@ -41,7 +41,7 @@ def start_server(app, engine, forwarded_allow_ips: str | None = None) -> LiveSer
     gives uvicorn; returns once it accepts."""
     import uvicorn
 
-    from specdecode.server.app import uvicorn_config
+    from specdecode.server.serve_options import uvicorn_config
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

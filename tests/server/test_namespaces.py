@@ -8,7 +8,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from specdecode.errors import InputError
-from specdecode.server.app import api_keys_from_args, create_http_app
+from specdecode.server.app import create_http_app
+from specdecode.server.serve_options import api_keys_from_args
 from specdecode.server.exposure import ApiKeys, parse_api_keys
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.protocol import ApiError
