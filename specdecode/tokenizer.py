@@ -28,8 +28,8 @@ class Tokenizer:
         eos = set()
         if hf.eos_token_id is not None:
             eos.add(int(hf.eos_token_id))
-        # Chat models end a turn with <|im_end|> / <|eot_id|> even when eos names another token.
-        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>"):
+        # Chat models end a turn with <|im_end|> / <|eot_id|> / <end_of_turn> (Gemma) even when eos names another token.
+        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<end_of_turn>"):
             tid = hf.convert_tokens_to_ids(name)
             if isinstance(tid, int) and tid != hf.unk_token_id and tid is not None and tid >= 0:
                 eos.add(tid)

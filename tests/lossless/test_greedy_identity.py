@@ -23,6 +23,7 @@ from specdecode.models.loader import load_model
 from testlib import (
     QWEN_05B,
     SMOLLM2,
+    arch_config,
     as_loaded,
     divergence_report,
     fake_tokenizer,
@@ -66,9 +67,9 @@ class RandomDrafter(Drafter):
 @functools.lru_cache(maxsize=None)
 def models(arch: str):
     """(target, strong draft, weak draft) for one architecture, built once."""
-    target = make_tiny_model(seed=1 if arch == "llama" else 2, arch=arch)
+    target = make_tiny_model(seed=1 if arch == "llama" else 2, **arch_config(arch))
     strong = perturbed_copy(target, noise=0.01, seed=7)
-    weak = make_tiny_model(seed=55, arch=arch)  # unrelated weights: alpha near 0
+    weak = make_tiny_model(seed=55, **arch_config(arch))  # unrelated weights: alpha near 0
     return target, strong, weak
 
 
@@ -151,7 +152,7 @@ def check_identity(arch, kind, k, max_new_tokens=NEW_TOKENS, prompt=PROMPT, max_
 # --------------------------------------------------------------------------- the main matrix
 @pytest.mark.parametrize("k", range(1, 9))
 @pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "tree", "tree-weak", "auto"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "mistral"])
 def test_speculative_equals_autoregressive(arch, kind, k):
     result = check_identity(arch, kind, k)
     stats = result.stats
@@ -182,7 +183,7 @@ def test_blocks_larger_than_one_kernel_call_are_exact(precision, kind, k):
 
 @pytest.mark.parametrize("k", [1, 2, 5, 8, 15, "auto"])
 @pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "auto"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "mistral"])
 def test_int8_target_speculative_equals_its_autoregressive(arch, kind, k):
     """The int8 target (GGUF-style blocks times int8 activations) is exact against itself: every matmul
     computes a row the same way in a verify block of any size as in a single step."""
