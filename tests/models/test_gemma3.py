@@ -264,3 +264,62 @@ def convert_with_llamacpp(folder, out, tokenizer_source) -> None:
     run = subprocess.run([sys.executable, str(converter), str(folder), "--outtype", "f32", "--outfile", str(out)],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_gguf_from_llamacpp_converter_matches_transformers(tmp_path, smollm2):
+    """A tiny Gemma 3 (smollm2's tokenizer, which the converter reads as GPT-2 style) converted to a float32 GGUF by
+    llama.cpp's own script: its norms carry the +1, the local rope base is a key (rope.freq_base_swa), the window
+    pattern is llama.cpp's default of 6 (the converter writes none, so the model keeps transformers' default
+    layer types to match), and q.k is scaled by 1/sqrt(head_dim) (llama.cpp's scale for every Gemma 3 but the 27B,
+    so the model's query_pre_attn_scalar is its head size, as in the real ones). Loaded natively, transformers'
+    logits; the broken twins miss."""
+    vocab = len(smollm2.tokenizer.hf)
+    hf = tiny_gemma3(vocab, num_hidden_layers=6, layer_types=None, query_pre_attn_scalar=32,
+                     rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                      "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}})
+    out = tmp_path / "tiny.gguf"
+    convert_with_llamacpp(folder_of(hf, tmp_path / "hf"), out, lambda folder: smollm2.tokenizer.hf.save_pretrained(str(folder)))
+    load = lambda: load_gguf_model(out, "cpu", torch.float32, 128)  # noqa: E731
+    native = load()
+    c = native.config
+    assert (c.arch, c.sliding_window, c.sliding_layers, c.rope_local_theta, c.final_logit_softcap) == (
+        "gemma3", GEMMA_WINDOW, (0, 1, 2, 3, 4), 2e4, 15.0)
+    ids = ids_for(vocab)
+    expected = hf_logits(hf, ids)
+    check_matches(native, expected, ids, "llama.cpp-converted gemma3")
+    # the attention scale is not in the file (llama.cpp knows it by the model's size): not a twin here
+    check_twins_fail(load, expected, ids, [t for t in GEMMA_TWINS if t is not attention_scale_ignored])
+
+
+def test_gguf_of_mistral_runs_as_llamacpp_runs_it(tmp_path, smollm2):
+    """llama.cpp's converter writes Mistral as `llama` without its window, and llama.cpp runs such a file with full
+    attention: so does the native decoder (the file is the model); it equals transformers' Mistral with the
+    window taken away, and differs from the windowed one."""
+    vocab = len(smollm2.tokenizer.hf)
+    hf = tiny_mistral(vocab)
+    folder = folder_of(hf, tmp_path / "hf")
+    out = tmp_path / "tiny.gguf"
+    convert_with_llamacpp(folder, out, lambda f: smollm2.tokenizer.hf.save_pretrained(str(f)))
+    native = load_gguf_model(out, "cpu", torch.float32, 128)
+    assert native.config.arch == "llama" and native.config.sliding_layers == ()
+    ids = ids_for(vocab)
+    unwindowed = load_hf_native(folder, "cpu", torch.float32, 128)
+    window_ignored(unwindowed)
+    check_matches(native, native_logits(unwindowed, ids), ids, "llama.cpp-converted mistral vs unwindowed")
+    assert max_diff(native_logits(native, ids), hf_logits(hf, ids)) > TWIN_MIN_DIFF
+
+
+def test_gguf_window_keys_read_as_llamacpp_reads_them():
+    from specdecode.models.config import ARCHITECTURES
+    from specdecode.models.gguf_loader import gguf_windows
+
+    gemma, llama = ARCHITECTURES["gemma3"], ARCHITECTURES["llama"]
+
+    def keys(**values):
+        return lambda key, default: values.get(key.rpartition(".")[2], default)
+
+    assert gguf_windows(keys(sliding_window=512), gemma, 18) == (512, tuple(i for i in range(18) if i % 6 != 5))
+    assert gguf_windows(keys(sliding_window=512, sliding_window_pattern=3), gemma, 6) == (512, (0, 1, 3, 4))
+    assert gguf_windows(keys(sliding_window=64, sliding_window_pattern=[True, False, True]), gemma, 3) == (64, (0, 2))
+    assert gguf_windows(keys(), gemma, 6) == (0, ())
+    assert gguf_windows(keys(sliding_window=4096), llama, 6) == (0, ())  # llama.cpp runs llama files unwindowed
