@@ -256,9 +256,10 @@ TINY_CONFIGS = {
     "qwen2-tied": dict(arch="qwen2", tie_embeddings=True, n_kv_heads=1),
     # per-head q/k RMSNorm, no bias, heads wider than hidden / n_heads (q_size 128 != hidden 64)
     "qwen3-qknorm": dict(arch="qwen3", head_dim=32),
-    # GeGLU, four norms a layer, scaled embeddings, a softcap, q.k scaled by 1/sqrt(24); layers 0 and 2 see the
+    # GeGLU, four norms a layer, scaled embeddings, a softcap, q.k scaled by 1/sqrt(24) (untied: a tied head on
+    # scaled random embeddings predicts the input token again and again); layers 0 and 2 see the
     # last 6 positions and rotate with base 1e4, layer 1 sees all and rotates with 1e6
-    "gemma3-windowed": dict(arch="gemma3", head_dim=32, n_layers=3, tie_embeddings=True, rope_theta=1e6,
+    "gemma3-windowed": dict(arch="gemma3", head_dim=32, n_layers=3, rope_theta=1e6,
                             sliding_window=6, sliding_layers=(0, 2), rope_local_theta=1e4, query_pre_attn_scalar=24.0,
                             final_logit_softcap=30.0),
     # every layer sees the last 5 positions

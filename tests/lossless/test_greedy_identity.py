@@ -607,3 +607,23 @@ def test_auto_copies_where_the_text_matches_and_drafts_with_the_model_elsewhere(
     assert by_source["draft"] > 0 and by_source["lookup"] > 0, by_source
     accepted_sources = [s for s, o in zip(result.sources, result.origins) if o == "accepted"]
     assert len(result.sources) == len(result.token_ids) and Counter(accepted_sources) == by_source
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "mistral"])
+def test_identity_catches_a_verify_block_whose_window_is_off_by_one(arch, monkeypatch):
+    """Broken twin of the windowed cases above: blocks of several rows see one key more than their window (a
+    single decode step sees the right ones). Speculative output must then part from plain output."""
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    real = kernels.block_attention
+
+    def wider_in_blocks(q, keys, values, start, visible=None, scale=0.0, window=0):
+        return real(q, keys, values, start, visible, scale, window + 1 if window and q.shape[0] > 1 else window)
+
+    monkeypatch.setattr(kernels, "block_attention", wider_in_blocks)
+    target, strong, _ = models(arch)
+    expected = reference_greedy(target, PROMPT, NEW_TOKENS, max_context=128)
+    got = make_engine(target, strong).generate(list(PROMPT), drafter="draft", k=8, max_new_tokens=NEW_TOKENS).token_ids
+    assert got != expected

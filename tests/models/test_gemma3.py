@@ -28,11 +28,11 @@ def ids_for(vocab: int) -> list[int]:
 
 
 def tiny_gemma3(vocab: int = 320, seed: int = 90, **overrides):
-    """Layers 0, 1 and 3 windowed (base 1e4), layer 2 global (base 1e6); hidden 80 so that sqrt(hidden) is
+    """Layers 0, 1 and 3 windowed (base 1e4), layer 2 global (base 1e6); hidden 96 so that sqrt(hidden) is
     rounded; q.k scaled by 1/sqrt(20) rather than 1/sqrt(head_dim 32); logits softcapped at 15."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    params = dict(vocab_size=vocab, hidden_size=80, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4,
+    params = dict(vocab_size=vocab, hidden_size=96, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=32, max_position_embeddings=128, rms_norm_eps=1e-6,
                   sliding_window=GEMMA_WINDOW, query_pre_attn_scalar=20, final_logit_softcapping=15.0,
                   layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
@@ -154,13 +154,30 @@ def test_hf_folder_matches_transformers_and_broken_twins_do_not(tmp_path, arch):
     if arch == "gemma3":
         assert (c.arch, c.sliding_window, c.sliding_layers, c.rope_local_theta) == ("gemma3", 8, (0, 1, 3), 1e4)
         assert (c.rope_theta, c.query_pre_attn_scalar, c.final_logit_softcap) == (1e6, 20.0, 15.0)
-        assert native.embed_scale == float(torch.tensor(80 ** 0.5)) != 80 ** 0.5  # rounded to float32 as transformers does
+        assert native.embed_scale == float(torch.tensor(96 ** 0.5)) != 96 ** 0.5  # rounded to float32 as transformers does
     else:
         assert (c.arch, c.sliding_window, c.sliding_layers) == ("mistral", 7, (0, 1))
     ids = ids_for(c.vocab_size)
     expected = hf_logits(hf, ids)
     check_matches(native, expected, ids, f"{arch} HF folder")
     check_twins_fail(load, expected, ids, GEMMA_TWINS if arch == "gemma3" else MISTRAL_TWINS)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "mistral"])
+def test_prompt_sized_masked_block_matches_transformers(tmp_path, monkeypatch, arch):
+    """A float32 block past the rows computed row by row takes one masked attention call: its mask narrowed to each
+    layer's window. Broken twin: the mask left unnarrowed."""
+    from specdecode import kernels
+    from specdecode.models.transformer import Transformer
+
+    hf = tiny_gemma3() if arch == "gemma3" else tiny_mistral()
+    native = load_hf_native(folder_of(hf, tmp_path), "cpu", torch.float32, 128)
+    monkeypatch.setattr(kernels, "FLOAT32_CHUNKED_MAX_ROWS", 16)  # so the 96-row prompt is "prompt-sized"
+    ids = ids_for(320)
+    expected = hf_logits(hf, ids)
+    check_matches(native, expected, ids, f"{arch} masked prompt")
+    monkeypatch.setattr(Transformer, "_window_masks", lambda self, mask, start, positions: {})
+    assert max_diff(native_logits(native, ids), expected) > TWIN_MIN_DIFF
 
 
 def test_older_gemma3_config_json(tmp_path):
