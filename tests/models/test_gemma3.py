@@ -340,3 +340,31 @@ def test_gguf_window_keys_read_as_llamacpp_reads_them():
     assert gguf_windows(keys(sliding_window=64, sliding_window_pattern=[True, False, True]), gemma, 3) == (64, (0, 2))
     assert gguf_windows(keys(), gemma, 6) == (0, ())
     assert gguf_windows(keys(sliding_window=4096), llama, 6) == (0, ())  # llama.cpp runs llama files unwindowed
+
+
+# --------------------------------------------------------------------------- the real Gemma 3 270M's tokenizer
+def test_gemma3_270m_tokenizer_turns_and_bos():
+    """The registry's Gemma 3 270M file carries no chat template: Gemma's turn format is supplied, a turn's end
+    (<end_of_turn>) stops generation, and prompts start with the <bos> Gemma needs (once, with a template too)."""
+    from transformers import AutoTokenizer
+
+    from specdecode import registry
+    from specdecode.tokenizer import Tokenizer
+
+    if not registry.is_cached("gemma3-270m"):
+        pytest.skip("gemma3-270m is not pulled (specdecode models pull gemma3-270m)")
+    path = registry.cached_path("gemma3-270m")
+    tok = Tokenizer.from_hf(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
+    assert tok.prompt_prefix == [2] and {1, 106} <= tok.eos_ids
+    chat = tok.chat_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}])
+    assert chat == "<bos><start_of_turn>user\nBe brief.\n\nHi?<end_of_turn>\n<start_of_turn>model\n"
+    ids = tok.encode_prompt(chat)
+    assert ids[:2] == [2, 105] and ids.count(2) == 1
+    assert tok.encode_prompt("The capital of France is")[:2] == [2, 818]
+
+
+def test_prompts_of_tokenizers_without_a_bos_are_unchanged():
+    from testlib import fake_tokenizer
+
+    tok = fake_tokenizer(16)
+    assert tok.prompt_prefix == [] and tok.encode_prompt("<t3><t4>") == [3, 4]
