@@ -52,8 +52,12 @@ def architecture(name) -> Architecture:
 
 
 def architecture_of_hf(model_type) -> Architecture:
-    """The architecture a Hugging Face `model_type` names (gemma3_text is gemma3), or the same ModelError."""
-    return architecture(HF_MODEL_TYPES.get(model_type, model_type))
+    """The architecture a Hugging Face `model_type` names (gemma3_text is gemma3), or the same ModelError (also for
+    `gemma3`, which in a config.json is the multimodal model around the text decoder)."""
+    if model_type not in HF_MODEL_TYPES:
+        raise ModelError(f"unsupported architecture '{model_type}' (the native decoder covers {', '.join(SUPPORTED_ARCHS)};"
+                         f" Hugging Face model types {', '.join(HF_MODEL_TYPES)})")
+    return architecture(HF_MODEL_TYPES[model_type])
 
 
 ROPE_KINDS = ("default", "linear", "llama3", "yarn")

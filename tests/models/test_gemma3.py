@@ -368,3 +368,10 @@ def test_prompts_of_tokenizers_without_a_bos_are_unchanged():
 
     tok = fake_tokenizer(16)
     assert tok.prompt_prefix == [] and tok.encode_prompt("<t3><t4>") == [3, 4]
+
+
+def test_multimodal_gemma3_config_is_refused_in_one_line():
+    """model_type gemma3 in a config.json is the image-and-text model (its decoder under text_config): refused, not
+    read as the text decoder's config."""
+    with pytest.raises(ModelError, match="unsupported architecture 'gemma3' .*model types .*gemma3_text"):
+        config_from_hf(dict(model_type="gemma3", text_config={}))
