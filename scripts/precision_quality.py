@@ -47,7 +47,7 @@ def main() -> None:
     agree = positions = 0
     nll = {"int8": 0.0, "float32": 0.0}
     for doc in documents():
-        ids = int8.tokenizer.encode(doc)[:512]
+        ids = int8.tokenizer.encode_prompt(doc)[:512]  # with the <bos> a model like Gemma reads text after
         if len(ids) < 2:
             continue
         a, b = score(int8, ids)[:-1].double(), score(ref, ids)[:-1].double()

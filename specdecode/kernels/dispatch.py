@@ -35,11 +35,17 @@ def int8_attn_in(x: torch.Tensor, layer, cos, sin, config) -> torch.Tensor:
                                        config.n_heads, config.n_kv_heads, config.head_dim, QUANT_ISA)
 
 
-def int8_attn_out(x: torch.Tensor, attn: torch.Tensor, out_proj: QuantWeight, norm: torch.Tensor, eps: float,
-                  gate_up: QuantWeight, down: QuantWeight) -> torch.Tensor:
-    """The rest of an int8 layer after attention in one call: output projection, residual, RMSNorm, SwiGLU MLP, residual."""
-    return native._kernel.int8_attn_out(x.contiguous(), attn, out_proj.parts, out_proj.types, norm, eps, gate_up.parts, gate_up.types,
-                                 down.parts, down.types, QUANT_ISA)
+# The gate activations the int8 layer computes (int8_layer.cpp's Activation), by models.config.Architecture.activation.
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
+
+
+def int8_attn_out(x: torch.Tensor, attn: torch.Tensor, layer, config) -> torch.Tensor:
+    """The rest of an int8 layer after attention in one call: output projection (and its norm, Gemma), residual,
+    RMSNorm, gated MLP (and its norm), residual."""
+    return native._kernel.int8_attn_out(
+        x.contiguous(), attn, layer.out_proj.parts, layer.out_proj.types, layer.mlp_norm, config.rms_norm_eps,
+        layer.gate_up.parts, layer.gate_up.types, layer.down.parts, layer.down.types, QUANT_ISA, layer.post_attn_norm,
+        layer.post_mlp_norm, ACTIVATIONS[config.architecture.activation])
 
 
 # Off: an int8 layer runs as its three calls (int8_attn_in, block_attention, int8_attn_out) with the cache
@@ -61,7 +67,8 @@ def int8_layer(x: torch.Tensor, layer, layer_index: int, spans, cos, sin, config
         [s.cache.keys[layer_index] for s in spans], [s.cache.values[layer_index] for s in spans],
         [s.start for s in spans], [s.rows for s in spans], [none if s.visible is None else s.visible for s in spans],
         layer.out_proj.parts, layer.out_proj.types, layer.mlp_norm, layer.gate_up.parts, layer.gate_up.types,
-        layer.down.parts, layer.down.types, QUANT_ISA)
+        layer.down.parts, layer.down.types, QUANT_ISA, layer.post_attn_norm, layer.post_mlp_norm,
+        ACTIVATIONS[c.architecture.activation], c.attention_scale or 0.0, layer.window)
 
 
 # Off: GGUFWeight products use their float32 copy (identical outputs; for timing the two paths in one process).
@@ -75,11 +82,12 @@ def _kernel_rows(x: torch.Tensor, weight) -> torch.Tensor:
 
 
 def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                    visible: torch.Tensor | None = None) -> torch.Tensor | None:
+                    visible: torch.Tensor | None = None, scale: float = 0.0, window: int = 0) -> torch.Tensor | None:
     """Attention of a decode step or verify block ([T, H, D] queries in cache rows start..start+T-1) over
     cache views [Hkv, >= start+T, D], through the CPU kernel: each row's result is independent of T.
     Causal, or for a token tree `visible` [T, T] bool (each node sees its ancestors and itself): a tree
-    node then gets the bits of the same node in a chain. None where the kernel does not apply (no kernel,
+    node then gets the bits of the same node in a chain. scale: the factor on q.k (0: 1/sqrt(head_dim)); window:
+    a sliding window's size (0: none), a row at position p seeing keys after p - window. None where the kernel does not apply (no kernel,
     not CPU float32, odd head size); the caller falls back.
     """
     if (
@@ -89,7 +97,7 @@ def block_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
         or q.shape[-1] % 8
     ):
         return None
-    return native._kernel.block_attention(q, keys, values, start, visible)
+    return native._kernel.block_attention(q, keys, values, start, visible, scale, window)
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,6 +8,7 @@
 //             rotate q and k                                                           -> [T, q+2kv]
 //   layer:    attn_in; write k, v to the cache; attention (block_attention.cpp); attn_out
 //   attn_out: x += attn @ Wo.T;  h = rmsnorm(x) * w;  x += (silu(gate) * up) @ Wdown.T  -> [T, hidden]
+//             (Gemma: gelu_tanh for silu, and each of the two products normalized again before its add)
 // Every operation reads one row and writes that row, in a fixed order, so a row's result is the
 // same in a decode step, a verify block or a prompt of any length: speculative output stays exactly
 // plain output.
@@ -24,7 +25,7 @@ void quant_linear_into(const torch::Tensor& x, const std::vector<torch::Tensor>&
                        std::string isa, int64_t perturb_row, torch::Tensor& y);  // quant_dot.cpp
 int64_t out_rows_of_parts(const std::vector<torch::Tensor>& parts);  // quant_dot.cpp
 torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start,
-                                  c10::optional<torch::Tensor> visible);  // block_attention.cpp
+                                  c10::optional<torch::Tensor> visible, double scale, int64_t window);  // block_attention.cpp
 
 namespace {
 
@@ -90,20 +91,29 @@ void rope_heads(float* v, int64_t heads, int64_t D, const float* cos, const floa
   }
 }
 
-// silu(g) * u over n values; silu(g) = g * sigmoid(g), the exponent kept non-positive on both sides of 0.
-void silu_mul(const float* g, const float* u, int64_t n, float* out) {
+// Both gate activations are g * sigmoid(a(g)): silu with a(g) = g, and the tanh-approximated GELU with
+// a(g) = 2 sqrt(2/pi) (g + 0.044715 g^3), since 0.5 (1 + tanh(y)) = sigmoid(2y).
+enum Activation : int64_t { SILU = 0, GELU_TANH = 1 };
+constexpr float GELU_A = 1.5957691216057308f, GELU_B = 0.044715f * 1.5957691216057308f;
+
+// act(g) * u over n values; the sigmoid's exponent kept non-positive on both sides of 0.
+void gate_mul(const float* g, const float* u, int64_t n, Activation act, float* out) {
   const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 gv = _mm256_loadu_ps(g + i);
-    const __m256 e = exp_nonpositive(_mm256_or_ps(gv, sign));  // e^-|g|
-    const __m256 positive = _mm256_cmp_ps(gv, _mm256_setzero_ps(), _CMP_GE_OQ);
+    __m256 a = gv;
+    if (act == GELU_TANH)  // g (A + B g^2)
+      a = _mm256_mul_ps(gv, _mm256_fmadd_ps(_mm256_mul_ps(gv, gv), _mm256_set1_ps(GELU_B), _mm256_set1_ps(GELU_A)));
+    const __m256 e = exp_nonpositive(_mm256_or_ps(a, sign));  // e^-|a|
+    const __m256 positive = _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GE_OQ);
     const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(e, one, positive), _mm256_add_ps(one, e));
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
   }
   for (; i < n; ++i) {
-    const float e = std::exp(-std::fabs(g[i]));
-    out[i] = g[i] * ((g[i] >= 0.0f ? 1.0f : e) / (1.0f + e)) * u[i];
+    const float a = act == GELU_TANH ? g[i] * std::fma(g[i] * g[i], GELU_B, GELU_A) : g[i];
+    const float e = std::exp(-std::fabs(a));
+    out[i] = g[i] * ((a >= 0.0f ? 1.0f : e) / (1.0f + e)) * u[i];
   }
 }
 
@@ -153,25 +163,35 @@ torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std:
   return qkv;
 }
 
-// x [T, hidden] (the layer input), attn [T, q_size]. Returns the layer output.
+// x [T, hidden] (the layer input), attn [T, q_size]; post_attn_norm and post_mlp_norm ([hidden], Gemma) may be
+// undefined; activation: an Activation. Returns the layer output.
 torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<torch::Tensor> out_parts,
                             std::vector<int64_t> out_types, torch::Tensor norm, double eps,
                             std::vector<torch::Tensor> gate_up_parts, std::vector<int64_t> gate_up_types,
-                            std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa) {
+                            std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa,
+                            c10::optional<torch::Tensor> post_attn_norm, c10::optional<torch::Tensor> post_mlp_norm,
+                            int64_t activation) {
   const int64_t T = x.size(0), n = x.size(1);
   check_rows(x, n, "int8_attn_out");
   TORCH_CHECK(norm.numel() == n, "int8_attn_out: norm weight of the wrong size");
-  auto y = linear_rows(attn.contiguous(), out_parts, out_types, isa).add_(x);  // x + attn @ Wo.T, row by row
+  TORCH_CHECK(activation == SILU || activation == GELU_TANH, "int8_attn_out: unknown activation ", activation);
+  const float* post_attn = optional_weight(post_attn_norm, n, "int8_attn_out: post_attn_norm");
+  const float* post_mlp = optional_weight(post_mlp_norm, n, "int8_attn_out: post_mlp_norm");
+  auto y = linear_rows(attn.contiguous(), out_parts, out_types, isa);  // attn @ Wo.T, row by row
+  if (post_attn) rms_norm_rows(y.data_ptr<float>(), T, n, post_attn, (float)eps, y.data_ptr<float>());
+  y.add_(x);
   auto h = torch::empty_like(y);
   rms_norm_rows(y.data_ptr<float>(), T, n, norm.data_ptr<float>(), (float)eps, h.data_ptr<float>());
   auto gu = linear_rows(h, gate_up_parts, gate_up_types, isa);
   const int64_t inter = gu.size(1) / 2;
   auto act = torch::empty({T, inter}, x.options());
   for_rows(T, [&](int64_t t) {
-    silu_mul(gu.data_ptr<float>() + t * 2 * inter, gu.data_ptr<float>() + t * 2 * inter + inter, inter,
-             act.data_ptr<float>() + t * inter);
+    gate_mul(gu.data_ptr<float>() + t * 2 * inter, gu.data_ptr<float>() + t * 2 * inter + inter, inter,
+             (Activation)activation, act.data_ptr<float>() + t * inter);
   });
-  return linear_rows(act, down_parts, down_types, isa).add_(y);
+  auto out = linear_rows(act, down_parts, down_types, isa);
+  if (post_mlp) rms_norm_rows(out.data_ptr<float>(), T, n, post_mlp, (float)eps, out.data_ptr<float>());
+  return out.add_(y);
 }
 
 // A whole layer over the rows of one or more sequences, each at its own cache: x [T, hidden] holds, in order,
@@ -179,7 +199,7 @@ torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<tor
 // for this layer, [kv_heads, max_len, head_dim] contiguous). The products run once over all T rows (each
 // row's result is its own); each sequence's keys and values are written to its cache, then each of its rows
 // attends that cache up to itself (or, for a token tree, visible[s] [rows, rows] as block_attention takes
-// it; an empty tensor means causal). A row's bits depend on its own inputs and position only, whichever
+// it; an empty tensor means causal; scale and window as block_attention takes them). A row's bits depend on its own inputs and position only, whichever
 // other sequences share the pass: a batch is row-exact as a block is.
 torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, std::vector<torch::Tensor> qkv_parts,
                          std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias,
@@ -189,7 +209,8 @@ torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, s
                          std::vector<torch::Tensor> visible, std::vector<torch::Tensor> out_parts,
                          std::vector<int64_t> out_types, torch::Tensor mlp_norm, std::vector<torch::Tensor> gate_up_parts,
                          std::vector<int64_t> gate_up_types, std::vector<torch::Tensor> down_parts,
-                         std::vector<int64_t> down_types, std::string isa) {
+                         std::vector<int64_t> down_types, std::string isa, c10::optional<torch::Tensor> post_attn_norm,
+                         c10::optional<torch::Tensor> post_mlp_norm, int64_t activation, double scale, int64_t window) {
   const int64_t T = x.size(0), S = (int64_t)rows.size();
   TORCH_CHECK((int64_t)keys.size() == S && (int64_t)values.size() == S && (int64_t)starts.size() == S &&
                   (int64_t)visible.size() == S,
@@ -223,9 +244,10 @@ torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, s
     auto q = qkv.narrow(0, first, n).narrow(1, 0, q_size).reshape({n, heads, head_dim});
     c10::optional<torch::Tensor> vis;
     if (visible[s].numel()) vis = visible[s];
-    auto out = block_attention_cpu(q, keys[s].narrow(1, 0, start + n), values[s].narrow(1, 0, start + n), start, vis);
+    auto out = block_attention_cpu(q, keys[s].narrow(1, 0, start + n), values[s].narrow(1, 0, start + n), start, vis, scale, window);
     attn.narrow(0, first, n).copy_(out.view({n, q_size}));
     first += n;
   }
-  return int8_attn_out(x, attn, out_parts, out_types, mlp_norm, eps, gate_up_parts, gate_up_types, down_parts, down_types, isa);
+  return int8_attn_out(x, attn, out_parts, out_types, mlp_norm, eps, gate_up_parts, gate_up_types, down_parts, down_types, isa,
+                       post_attn_norm, post_mlp_norm, activation);
 }

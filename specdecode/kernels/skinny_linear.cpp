@@ -6,7 +6,7 @@
 #include "avx2_math.h"
 
 torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start,
-                                  c10::optional<torch::Tensor> visible);  // block_attention.cpp
+                                  c10::optional<torch::Tensor> visible, double scale, int64_t window);  // block_attention.cpp
 torch::Tensor gguf_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types);  // gguf_linear.cpp
 std::vector<int64_t> gguf_block_types();  // gguf_linear.cpp
 torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types,
@@ -24,7 +24,9 @@ torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std:
 torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<torch::Tensor> out_parts,
                             std::vector<int64_t> out_types, torch::Tensor norm, double eps,
                             std::vector<torch::Tensor> gate_up_parts, std::vector<int64_t> gate_up_types,
-                            std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa);  // int8_layer.cpp
+                            std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa,
+                            c10::optional<torch::Tensor> post_attn_norm, c10::optional<torch::Tensor> post_mlp_norm,
+                            int64_t activation);  // int8_layer.cpp
 torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, std::vector<torch::Tensor> qkv_parts,
                          std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias,
                          c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor cos,
@@ -33,7 +35,9 @@ torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, s
                          std::vector<torch::Tensor> visible, std::vector<torch::Tensor> out_parts,
                          std::vector<int64_t> out_types, torch::Tensor mlp_norm, std::vector<torch::Tensor> gate_up_parts,
                          std::vector<int64_t> gate_up_types, std::vector<torch::Tensor> down_parts,
-                         std::vector<int64_t> down_types, std::string isa);  // int8_layer.cpp
+                         std::vector<int64_t> down_types, std::string isa, c10::optional<torch::Tensor> post_attn_norm,
+                         c10::optional<torch::Tensor> post_mlp_norm, int64_t activation, double scale,
+                         int64_t window);  // int8_layer.cpp
 
 // Weight storage: float32 or bfloat16.
 enum WType { F32 = 0, BF16 = 1 };

@@ -3,27 +3,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from ..errors import ModelError
 
 
 @dataclass(frozen=True)
 class Architecture:
     """The facts that set one architecture of the family apart from the others. Every architecture here is a
-    pre-norm decoder with RMSNorm, half-rotation RoPE, grouped-query attention and a SwiGLU MLP; adding one
+    pre-norm decoder with RMSNorm, half-rotation RoPE, grouped-query attention and a gated MLP; adding one
     that differs only in these facts is one line in ARCHITECTURES."""
 
     name: str  # Hugging Face `model_type` and GGUF `general.architecture`
     qkv_bias: bool  # Q/K/V projections carry biases (HF folders; a GGUF file says so by having the tensors)
     qk_norm: bool  # per-head RMSNorm of q and k (weights of size head_dim) before the rotation
     gguf_permuted_qk: bool  # llama.cpp stores the Q/K rows of each head interleaved (convert_hf_to_gguf's permute)
+    hf_model_type: str = ""  # the Hugging Face `model_type` where it is not `name` (gemma3_text)
+    activation: str = "silu"  # of the MLP's gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, tanh-approximated GELU)
+    sandwich_norms: bool = False  # RMSNorms also after attention and after the MLP, before each residual add (Gemma)
+    hf_norm_offset: float = 0.0  # HF checkpoints store each norm weight minus this (Gemma's 1 + w); GGUF files do not
+    embed_scale: bool = False  # embeddings multiplied by sqrt(hidden_size), rounded to float32, before layer 0
+    sliding_windows: bool = False  # the config may give layers a sliding attention window (read, not refused)
+    swa_pattern: int = 0  # files that list no layer types: every n-th layer global, the others windowed
+    default_local_rope_base: float = 0.0  # files that give no rope base for the windowed layers (GGUF without freq_base_swa)
 
 
 ARCHITECTURES = {
     "llama": Architecture("llama", qkv_bias=False, qk_norm=False, gguf_permuted_qk=True),
     "qwen2": Architecture("qwen2", qkv_bias=True, qk_norm=False, gguf_permuted_qk=False),
     "qwen3": Architecture("qwen3", qkv_bias=False, qk_norm=True, gguf_permuted_qk=False),
+    # Mistral is Llama with an optional window on every layer (its GGUF files say `llama`, as llama.cpp runs them).
+    "mistral": Architecture("mistral", qkv_bias=False, qk_norm=False, gguf_permuted_qk=True, sliding_windows=True),
+    # Gemma 3 (text): GeGLU, four norms a layer, scaled embeddings, windowed layers with their own rope base; the
+    # GGUF defaults are llama.cpp's (it reads neither the pattern nor the local base from older files).
+    "gemma3": Architecture("gemma3", qkv_bias=False, qk_norm=True, gguf_permuted_qk=False, hf_model_type="gemma3_text",
+                           activation="gelu_tanh", sandwich_norms=True, hf_norm_offset=1.0, embed_scale=True,
+                           sliding_windows=True, swa_pattern=6, default_local_rope_base=10000.0),
 }
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
+HF_MODEL_TYPES = {arch.hf_model_type or arch.name: arch.name for arch in ARCHITECTURES.values()}
 
 
 def architecture(name) -> Architecture:
@@ -31,6 +49,15 @@ def architecture(name) -> Architecture:
     if name not in ARCHITECTURES:
         raise ModelError(f"unsupported architecture '{name}' (the native decoder covers {', '.join(SUPPORTED_ARCHS)})")
     return ARCHITECTURES[name]
+
+
+def architecture_of_hf(model_type) -> Architecture:
+    """The architecture a Hugging Face `model_type` names (gemma3_text is gemma3), or the same ModelError (also for
+    `gemma3`, which in a config.json is the multimodal model around the text decoder)."""
+    if model_type not in HF_MODEL_TYPES:
+        raise ModelError(f"unsupported architecture '{model_type}' (the native decoder covers {', '.join(SUPPORTED_ARCHS)};"
+                         f" Hugging Face model types {', '.join(HF_MODEL_TYPES)})")
+    return architecture(HF_MODEL_TYPES[model_type])
 
 
 ROPE_KINDS = ("default", "linear", "llama3", "yarn")
@@ -83,10 +110,32 @@ class ModelConfig:
     tie_embeddings: bool
     qkv_bias: bool
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    # Sliding-window attention: the layers listed attend only the last `sliding_window` positions (their own
+    # included: key position p is seen from query position q iff q - p < sliding_window).
+    sliding_window: int = 0
+    sliding_layers: tuple[int, ...] = ()
+    rope_local_theta: float = 0.0  # rope base of the windowed layers, unscaled (Gemma 3); 0: as the other layers
+    query_pre_attn_scalar: float = 0.0  # attention scores scaled by its inverse square root; 0: by head_dim's
+    final_logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: none
 
     def __post_init__(self):
         if isinstance(self.rope_scaling, dict):  # read back from a converted folder's config.json
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        object.__setattr__(self, "sliding_layers", tuple(int(i) for i in self.sliding_layers))  # a JSON list
+        if self.sliding_layers and self.sliding_window <= 0:
+            raise ModelError(f"windowed layers {list(self.sliding_layers)} without a window size")
+
+    def layer_window(self, layer: int) -> int:
+        """How many positions the layer's attention sees back from each query (itself included); 0: all."""
+        return self.sliding_window if layer in self.sliding_layers else 0
+
+    @property
+    def attention_scale(self) -> float | None:
+        """The factor on q.k where query_pre_attn_scalar sets it, rounded to float32 as the kernels use it; None: the
+        usual 1/sqrt(head_dim), left to each attention (as before, so other models keep their bits)."""
+        if not self.query_pre_attn_scalar:
+            return None
+        return float(torch.tensor(self.query_pre_attn_scalar ** -0.5, dtype=torch.float32))
 
     @property
     def architecture(self) -> Architecture:

@@ -8,7 +8,7 @@ import torch
 
 from .. import kernels
 from ..errors import ModelError
-from .config import ModelConfig, architecture
+from .config import Architecture, ModelConfig, architecture
 from .rope import rope_from_gguf
 from .transformer import Transformer
 
@@ -29,8 +29,40 @@ def open_gguf(path: Path):
         raise ModelError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
 
 
+def gguf_windows(field, arch: Architecture, n_layers: int) -> tuple[int, tuple[int, ...]]:
+    """(window size, windowed layers) of a GGUF file, read as llama.cpp reads them: only for architectures it runs
+    with windows; the layers from sliding_window_pattern (one flag per layer, or every n-th layer global), else
+    the architecture's pattern (llama.cpp's own for files written without the key)."""
+    window = int(field(f"{arch.name}.attention.sliding_window", 0) or 0) if arch.sliding_windows else 0
+    if not window:
+        return 0, ()
+    pattern = field(f"{arch.name}.attention.sliding_window_pattern", None)
+    if isinstance(pattern, (list, tuple)):
+        if len(pattern) != n_layers:
+            raise ModelError(f"the GGUF file's sliding_window_pattern has {len(pattern)} flags for {n_layers} layers")
+        return window, tuple(i for i, windowed in enumerate(pattern) if windowed)
+    every = int(pattern or arch.swa_pattern)
+    return window, tuple(i for i in range(n_layers) if not every or (i + 1) % every)
+
+
+def _gemma_extras(field, arch: Architecture, hidden: int, n_heads: int, n_layers: int) -> dict:
+    """The attention scale, local rope base and logit softcap of a GGUF file, with llama.cpp's defaults."""
+    name = arch.name
+    if field(f"{name}.attn_logit_softcapping", None):
+        raise ModelError(f"'{name}' with attention logit softcapping is not supported by the native decoder")
+    extras = dict(final_logit_softcap=float(field(f"{name}.final_logit_softcapping", 0.0) or 0.0))
+    if arch.default_local_rope_base:
+        extras["rope_local_theta"] = float(field(f"{name}.rope.freq_base_swa", None) or arch.default_local_rope_base)
+    if name == "gemma3" and n_layers == 62:
+        # llama.cpp scales Gemma 3 27B's scores by hidden/heads (its query_pre_attn_scalar), not by the head size;
+        # the file does not say so, llama.cpp knows the model by its 62 layers.
+        extras["query_pre_attn_scalar"] = float(hidden // n_heads)
+    return extras
+
+
 def read_config(reader) -> ModelConfig:
-    arch = architecture(_field(reader, "general.architecture")).name
+    arch_facts = architecture(_field(reader, "general.architecture"))
+    arch = arch_facts.name
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors:
         raise ModelError("the GGUF file has no token_embd.weight tensor")
@@ -40,12 +72,15 @@ def read_config(reader) -> ModelConfig:
     divisors = None if divisors is None else [float(d) for d in np.asarray(divisors.data, dtype=np.float32).reshape(-1)]
     hidden = int(_field(reader, f"{arch}.embedding_length"))
     n_heads = int(_field(reader, f"{arch}.attention.head_count"))
+    n_layers = int(_field(reader, f"{arch}.block_count"))
+    field = lambda key, default: _field(reader, key, default)  # noqa: E731
+    window, windowed = gguf_windows(field, arch_facts, n_layers)
     return ModelConfig(
         arch=arch,
         vocab_size=int(embed.shape[1]),
         hidden_size=hidden,
         intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
-        n_layers=int(_field(reader, f"{arch}.block_count")),
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
         head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // n_heads)),
@@ -54,7 +89,10 @@ def read_config(reader) -> ModelConfig:
         context_length=int(_field(reader, f"{arch}.context_length", 2048)),
         tie_embeddings="output.weight" not in tensors,
         qkv_bias="blk.0.attn_q.bias" in tensors,
-        rope_scaling=rope_from_gguf(lambda key, default: _field(reader, key, default), arch, divisors),
+        rope_scaling=rope_from_gguf(field, arch, divisors),
+        sliding_window=window,
+        sliding_layers=windowed,
+        **_gemma_extras(field, arch_facts, hidden, n_heads, n_layers),
     )
 
 
@@ -101,6 +139,9 @@ def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions
         p = f"blk.{i}."
         put(layer.attn_norm, get(p + "attn_norm.weight"))
         put(layer.mlp_norm, get(p + "ffn_norm.weight"))
+        if layer.post_attn_norm is not None:  # Gemma's (llama.cpp's converter has added the 1 to every norm weight)
+            put(layer.post_attn_norm, get(p + "post_attention_norm.weight"))
+            put(layer.post_mlp_norm, get(p + "post_ffw_norm.weight"))
         put(layer.qkv, np.concatenate([
             qk(p + "attn_q.weight", config.n_heads), qk(p + "attn_k.weight", config.n_kv_heads), get(p + "attn_v.weight")
         ]))

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelError
-from .config import SUPPORTED_ARCHS, ModelConfig, architecture
-from .rope import rope_from_hf
+from .config import HF_MODEL_TYPES, Architecture, ModelConfig, architecture_of_hf
+from .rope import local_rope_theta_from_hf, rope_from_hf
 from .transformer import Transformer
 
 
@@ -22,18 +22,52 @@ def read_hf_config(folder: Path) -> dict:
 
 
 def is_native_arch(hf_config: dict) -> bool:
-    return hf_config.get("model_type") in SUPPORTED_ARCHS
+    return hf_config.get("model_type") in HF_MODEL_TYPES
+
+
+# config.json's names of the gate activations, by Architecture.activation
+HF_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def _refuse_what_is_not_implemented(arch: Architecture, cfg: dict) -> None:
+    """One ModelError line for a config that asks for something the native decoder would silently not do."""
+    sliding = cfg.get("use_sliding_window") or any(kind != "full_attention" for kind in cfg.get("layer_types") or ())
+    activation = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    problem = (
+        "sliding-window attention" if sliding and not arch.sliding_windows
+        else "MLP biases" if cfg.get("mlp_bias")
+        else "attention logit softcapping (attn_logit_softcapping)" if cfg.get("attn_logit_softcapping")
+        else "bidirectional attention" if cfg.get("use_bidirectional_attention")
+        else f"the activation '{activation}' (it runs {arch.activation})" if HF_ACTIVATIONS.get(activation) != arch.activation
+        else None
+    )
+    if problem:
+        raise ModelError(f"'{arch.name}' with {problem} is not supported by the native decoder")
+
+
+def windows_from_hf(arch: Architecture, cfg: dict, n_layers: int) -> tuple[int, tuple[int, ...]]:
+    """(window size, windowed layers): layer_types where the config lists them, else every n-th layer global
+    (sliding_window_pattern, or the architecture's: Gemma 3's 6), else every layer (Mistral)."""
+    window = int(cfg.get("sliding_window") or 0) if arch.sliding_windows else 0
+    if not window:
+        return 0, ()
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = int(cfg.get("sliding_window_pattern") or arch.swa_pattern)
+        types = ["full_attention" if pattern and (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)]
+    if len(types) != n_layers or set(types) - {"full_attention", "sliding_attention"}:
+        raise ModelError(f"layer_types {sorted(set(types))} for {n_layers} layers: the native decoder covers"
+                         " full_attention and sliding_attention, one per layer")
+    return window, tuple(i for i, kind in enumerate(types) if kind == "sliding_attention")
 
 
 def config_from_hf(cfg: dict) -> ModelConfig:
-    arch = architecture(cfg.get("model_type"))
-    sliding = cfg.get("use_sliding_window") or any(kind != "full_attention" for kind in cfg.get("layer_types") or ())
-    if sliding or cfg.get("mlp_bias"):
-        raise ModelError(f"'{arch.name}' with {'sliding-window attention' if sliding else 'MLP biases'}"
-                         " is not supported by the native decoder")
+    arch = architecture_of_hf(cfg.get("model_type"))
+    _refuse_what_is_not_implemented(arch, cfg)
     n_heads = int(cfg["num_attention_heads"])
     hidden = int(cfg["hidden_size"])
     rope_theta, rope_scaling = rope_from_hf(cfg)
+    window, windowed = windows_from_hf(arch, cfg, int(cfg["num_hidden_layers"]))
     return ModelConfig(
         arch=arch.name,
         vocab_size=int(cfg["vocab_size"]),
@@ -49,6 +83,11 @@ def config_from_hf(cfg: dict) -> ModelConfig:
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=arch.qkv_bias or bool(cfg.get("attention_bias", False)),
         rope_scaling=rope_scaling,
+        sliding_window=window,
+        sliding_layers=windowed,
+        rope_local_theta=(local_rope_theta_from_hf(cfg) or arch.default_local_rope_base) if arch.default_local_rope_base else 0.0,
+        query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or 0.0),
+        final_logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
     )
 
 
@@ -83,21 +122,31 @@ def load_hf_native(folder: Path, device, weight_dtype: torch.dtype, max_position
     def put(param: torch.nn.Parameter, value: torch.Tensor) -> None:
         param.data = value.to(device=device, dtype=param.dtype).contiguous()
 
+    offset = config.architecture.hf_norm_offset
+
+    def norm(name: str) -> torch.Tensor:  # Gemma's checkpoints store w for a norm that multiplies by 1 + w
+        return get(name) + offset if offset else get(name)
+
     put(model.embed, get("model.embed_tokens.weight"))
-    put(model.final_norm, get("model.norm.weight"))
+    put(model.final_norm, norm("model.norm.weight"))
     if model.lm_head is not None:
         put(model.lm_head, get("lm_head.weight"))
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        put(layer.attn_norm, get(p + "input_layernorm.weight"))
-        put(layer.mlp_norm, get(p + "post_attention_layernorm.weight"))
+        put(layer.attn_norm, norm(p + "input_layernorm.weight"))
+        if layer.post_attn_norm is not None:  # Gemma: post_attention_layernorm follows attention, before the add
+            put(layer.post_attn_norm, norm(p + "post_attention_layernorm.weight"))
+            put(layer.mlp_norm, norm(p + "pre_feedforward_layernorm.weight"))
+            put(layer.post_mlp_norm, norm(p + "post_feedforward_layernorm.weight"))
+        else:
+            put(layer.mlp_norm, norm(p + "post_attention_layernorm.weight"))
         put(layer.qkv, torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]))
         if layer.qkv_bias is not None:
             put(layer.qkv_bias, torch.cat([get(a + "q_proj.bias"), get(a + "k_proj.bias"), get(a + "v_proj.bias")]))
         if layer.q_norm is not None:
-            put(layer.q_norm, get(a + "q_norm.weight"))
-            put(layer.k_norm, get(a + "k_norm.weight"))
+            put(layer.q_norm, norm(a + "q_norm.weight"))
+            put(layer.k_norm, norm(a + "k_norm.weight"))
         put(layer.out_proj, get(a + "o_proj.weight"))
         put(layer.gate_up, torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]))
         put(layer.down, get(p + "mlp.down_proj.weight"))

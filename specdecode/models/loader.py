@@ -16,7 +16,7 @@ import torch
 from .. import cachefiles, kernels, registry
 from ..errors import ModelError, UnsupportedDtype
 from ..tokenizer import Tokenizer
-from .config import ModelConfig, architecture
+from .config import ModelConfig, architecture_of_hf
 from .transformer import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -298,7 +298,7 @@ def load_model(
             model = _finish_native(load_hf_native(path, device, weight_dtype, positions), weight_dtype, quantize)
             used_backend = "native"
         elif backend == "native":
-            architecture(hf_config.get("model_type"))  # raises: names the architectures the native decoder covers
+            architecture_of_hf(hf_config.get("model_type"))  # raises: names the architectures the native decoder covers
         else:
             if quantize:
                 raise UnsupportedDtype(f"dtype '{dtype}' needs the native decoder; '{hf_config.get('model_type')}' runs through transformers")

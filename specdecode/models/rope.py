@@ -6,6 +6,7 @@ rotates with these same tables, so a scaling type is implemented here once.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -57,8 +58,11 @@ def yarn_attention_factor(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def rope_tables(config: ModelConfig, max_positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [max_positions, head_dim/2] float32 of every position's angles."""
+def rope_tables(config: ModelConfig, max_positions: int, device, local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [max_positions, head_dim/2] float32 of every position's angles; `local`: of the windowed layers
+    that rotate with their own base (config.rope_local_theta, unscaled)."""
+    if local:
+        config = dataclasses.replace(config, rope_theta=config.rope_local_theta, rope_scaling=RopeScaling())
     inv_freq, attention_factor = rope_frequencies(config)
     angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)  # [P, half]
     return (angles.cos() * attention_factor).float().to(device), (angles.sin() * attention_factor).float().to(device)
@@ -74,8 +78,11 @@ def rope_from_hf(cfg: dict) -> tuple[float, RopeScaling]:
     """(theta, scaling) from a Hugging Face config.json: transformers 5's `rope_parameters` or the older
     top-level `rope_theta` with `rope_scaling`."""
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    if params and all(isinstance(v, dict) for v in params.values()):  # one set per layer type (sliding windows)
-        raise ModelError("per-layer-type rope parameters in config.json are not supported by the native decoder")
+    if params and all(isinstance(v, dict) for v in params.values()):  # one set per layer type: the global layers'
+        if set(params) - {"full_attention", "sliding_attention"}:
+            raise ModelError(f"rope parameters for layer types {sorted(params)} in config.json are not supported by"
+                             " the native decoder (it covers full_attention and sliding_attention)")
+        return rope_from_hf({**cfg, "rope_parameters": params.get("full_attention") or {}, "rope_scaling": None})
     theta = float(params.get("rope_theta") or cfg.get("rope_theta") or 10000.0)
     kind = params.get("rope_type") or params.get("type") or "default"
     if float(params.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0) != 1.0:
@@ -99,6 +106,18 @@ def rope_from_hf(cfg: dict) -> tuple[float, RopeScaling]:
                                   beta_slow=float(params.get("beta_slow") or 1), truncate=bool(params.get("truncate", True)),
                                   attention_factor=None if attention is None else float(attention))
     raise _unsupported(kind, "config.json")
+
+
+def local_rope_theta_from_hf(cfg: dict) -> float:
+    """The windowed layers' own rope base where the config gives one (Gemma 3), else 0. transformers 5 writes it as
+    rope_parameters["sliding_attention"], older files as rope_local_base_freq; any scaling of it is refused."""
+    params = cfg.get("rope_parameters") or {}
+    local = params.get("sliding_attention") if all(isinstance(v, dict) for v in params.values()) else None
+    if local is None:
+        return float(cfg.get("rope_local_base_freq") or 0.0)
+    if (local.get("rope_type") or "default") != "default":
+        raise _unsupported(local.get("rope_type"), "config.json's sliding_attention layers")
+    return float(local.get("rope_theta") or cfg.get("rope_local_base_freq") or 10000.0)
 
 
 def rope_from_gguf(field, arch: str, freq_divisors: list[float] | None) -> RopeScaling:

@@ -1,7 +1,8 @@
-"""Native PyTorch decoder for the Llama/Qwen family (config.ARCHITECTURES).
+"""Native PyTorch decoder for the Llama/Qwen/Gemma family (config.ARCHITECTURES).
 
 RMSNorm, rotary embeddings (half-rotation layout, as in Hugging Face checkpoints; frequencies in rope.py),
-grouped-query attention, SwiGLU, optional QKV bias, optional per-head RMSNorm of q and k (Qwen3), tied or
+grouped-query attention, SwiGLU or GeGLU, optional QKV bias, optional per-head RMSNorm of q and k (Qwen3, Gemma 3),
+optional norms after attention and MLP (Gemma), sliding-window layers (Mistral, Gemma 3), tied or
 separate output head. The Q/K/V projections and
 the gate/up projections are fused into one weight each, so a block of tokens streams each layer's
 weights in as few matmuls as possible.
@@ -56,13 +57,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def window_mask(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """[queries, keys] bool: which keys lie inside each query's sliding window (q - k < window)."""
+    return (query_positions[:, None] - key_positions[None, :]) < window
+
+
+def gate_activation(gate: torch.Tensor, kind: str) -> torch.Tensor:
+    return F.gelu(gate, approximate="tanh") if kind == "gelu_tanh" else F.silu(gate)
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, weight_dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, weight_dtype: torch.dtype, index: int = 0):
         super().__init__()
         c = config
         self.config = c
+        self.window = c.layer_window(index)  # 0: the layer attends every earlier position
         self.attn_norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
         self.mlp_norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
+        # Gemma: the attention output and the MLP output are normalized again before their residual adds.
+        sandwich = c.architecture.sandwich_norms
+        self.post_attn_norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False) if sandwich else None
+        self.post_mlp_norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False) if sandwich else None
         # Matrices start uninitialised: every loader overwrites them, and zero-filling the target's ~6 GB
         # only to free it took ~5 s of each load.
         self.qkv = nn.Parameter(torch.empty(c.q_size + 2 * c.kv_size, c.hidden_size, dtype=weight_dtype), requires_grad=False)
@@ -119,23 +134,34 @@ class DecoderLayer(nn.Module):
         """One span's attention ([rows, H, D] -> [rows, q_size]) after writing its keys and values to its cache."""
         span.cache.write(layer_index, span.start, k.transpose(0, 1), v.transpose(0, 1))
         keys, values = span.cache.view(layer_index, span.start + span.rows)
-        attn = kernels.block_attention(q, keys, values, span.start, span.visible)
+        attn = kernels.block_attention(q, keys, values, span.start, span.visible, self.config.attention_scale or 0.0, self.window)
         if attn is None:
             mask = None
             if span.visible is not None:
                 mask = torch.ones(span.rows, span.start + span.rows, dtype=torch.bool, device=q.device)
                 mask[:, span.start :] = span.visible
+                if self.window:  # a tree node sits at the position of its depth
+                    depth = span.visible.sum(-1) - 1
+                    keys_at = torch.cat([torch.arange(span.start, device=q.device), span.start + depth])
+                    mask &= window_mask(span.start + depth, keys_at, self.window)
             attn = self._sdpa(q, keys, values, span.start, mask, row_wise=span.visible is None)
         return attn.reshape(span.rows, self.config.q_size)
 
     def _out(self, x, attn):
-        attn = attn.reshape(x.shape[0], self.config.q_size)
+        c = self.config
+        attn = attn.reshape(x.shape[0], c.q_size)
         if isinstance(self.qkv, kernels.QuantWeight):
-            return kernels.int8_attn_out(x, attn, self.out_proj, self.mlp_norm, self.config.rms_norm_eps, self.gate_up, self.down)
-        x = x + kernels.linear(attn, self.out_proj)
-        h = rms_norm(x, self.mlp_norm, self.config.rms_norm_eps)
+            return kernels.int8_attn_out(x, attn, self, c)
+        out = kernels.linear(attn, self.out_proj)
+        if self.post_attn_norm is not None:
+            out = rms_norm(out, self.post_attn_norm, c.rms_norm_eps)
+        x = x + out
+        h = rms_norm(x, self.mlp_norm, c.rms_norm_eps)
         gate, up = kernels.linear(h, self.gate_up).chunk(2, dim=-1)
-        return x + kernels.linear(F.silu(gate) * up, self.down)
+        out = kernels.linear(gate_activation(gate, c.architecture.activation) * up, self.down)
+        if self.post_mlp_norm is not None:
+            out = rms_norm(out, self.post_mlp_norm, c.rms_norm_eps)
+        return x + out
 
     def _sdpa(self, q, keys, values, start: int, attn_mask, row_wise: bool) -> torch.Tensor:
         """PyTorch's attention: prompt-sized blocks, masked (tree) blocks, and wherever the CPU kernel is missing."""
@@ -146,15 +172,18 @@ class DecoderLayer(nn.Module):
         if row_wise:
             # Row i attends exactly as a single-token step at position start+i would, so a verify
             # block reproduces plain decoding bit for bit (one batched masked call rounds differently).
+            first = [max(0, start + i + 1 - self.window) if self.window else 0 for i in range(seq)]
             rows = [
                 F.scaled_dot_product_attention(
-                    queries[:, :, i : i + 1], keys[None, :, : start + i + 1], values[None, :, : start + i + 1], enable_gqa=gqa
+                    queries[:, :, i : i + 1], keys[None, :, first[i] : start + i + 1], values[None, :, first[i] : start + i + 1],
+                    enable_gqa=gqa, scale=c.attention_scale,
                 )
                 for i in range(seq)
             ]
             attn = torch.cat(rows, dim=2)
         else:
-            attn = F.scaled_dot_product_attention(queries, keys[None], values[None], attn_mask=attn_mask, enable_gqa=gqa)
+            attn = F.scaled_dot_product_attention(queries, keys[None], values[None], attn_mask=attn_mask, enable_gqa=gqa,
+                                                  scale=c.attention_scale)
         return attn[0].transpose(0, 1)  # [T, H, D]
 
 
@@ -165,13 +194,16 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.embed = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size), requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(config, weight_dtype) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, weight_dtype, index) for index in range(config.n_layers))
         self.final_norm = nn.Parameter(torch.ones(config.hidden_size), requires_grad=False)
         self.lm_head = None if config.tie_embeddings else nn.Parameter(
             torch.empty(config.vocab_size, config.hidden_size, dtype=weight_dtype), requires_grad=False
         )
         self.max_positions = max_positions or config.context_length
         self._rope_cos = self._rope_sin = None
+        self._local_rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        # Gemma: embeddings times sqrt(hidden_size) as a float32 number, as transformers and llama.cpp round it.
+        self.embed_scale = float(torch.tensor(config.hidden_size ** 0.5)) if config.architecture.embed_scale else None
         # Optional reduced output layer (frequency-ranked vocabulary for cheap drafting):
         # logits are computed for these token ids only and every other id gets -inf.
         self.vocab_subset: torch.Tensor | None = None
@@ -202,10 +234,24 @@ class Transformer(nn.Module):
         length = min(max_len or self.max_positions, self.max_positions)
         return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, length, self.embed.dtype, self.device)
 
-    def _rope(self, positions: torch.Tensor):
+    def _rope(self, positions: torch.Tensor, local: bool = False):
+        if local:  # the windowed layers' own base (Gemma 3)
+            if self._local_rope is None:
+                self._local_rope = rope_tables(self.config, self.max_positions, self.device, local=True)
+            return self._local_rope[0][positions], self._local_rope[1][positions]
         if self._rope_cos is None:
             self._rope_cos, self._rope_sin = rope_tables(self.config, self.max_positions, self.device)
         return self._rope_cos[positions], self._rope_sin[positions]
+
+    def _layer_ropes(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) of the positions for each layer: windowed layers may rotate with their own base."""
+        shared = self._rope(positions)
+        local = self._rope(positions, local=True) if self.config.rope_local_theta else shared
+        return [local if layer.window else shared for layer in self.layers]
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed[tokens]
+        return x * self.embed_scale if self.embed_scale is not None else x
 
     @torch.inference_mode()
     def forward(
@@ -235,21 +281,33 @@ class Transformer(nn.Module):
         else:
             exact_rows = bool(attn_mask[:, :start].all())
             visible = attn_mask[:, start:] if exact_rows else None
-        cos, sin = self._rope(positions)
-        x = self.embed[tokens]
+        masks = self._window_masks(attn_mask, start, positions)
+        ropes = self._layer_ropes(positions)
+        x = self._embed(tokens)
         for index, layer in enumerate(self.layers):
-            x = layer(x, index, cache, start, cos, sin, attn_mask, exact_rows, visible)
+            x = layer(x, index, cache, start, *ropes[index], masks.get(layer.window, attn_mask), exact_rows, visible)
         cache.length = start + seq
         if logits == "none":
             return None
         return self._head(x[-1:] if logits == "last" else x)
 
+    def _window_masks(self, attn_mask, start: int, positions: torch.Tensor) -> dict:
+        """For a masked (prompt-sized) block: each window size's mask, the block's mask narrowed to the window."""
+        if attn_mask is None:
+            return {}
+        keys_at = torch.cat([torch.arange(start, device=self.device), positions])
+        return {layer.window: attn_mask & window_mask(positions, keys_at, layer.window) for layer in self.layers if layer.window}
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        cap = self.config.final_logit_softcap  # as transformers computes it: divide, tanh, multiply
+        return torch.tanh(logits / cap) * cap if cap else logits
+
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and output layer of the rows in x: [T, hidden] -> [T, vocab]."""
         x = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
         if self._subset_head is None:
-            return kernels.linear(x, self.output_weight())
-        partial = kernels.linear(x, self._subset_head)
+            return self._softcap(kernels.linear(x, self.output_weight()))
+        partial = self._softcap(kernels.linear(x, self._subset_head))
         full = torch.full((x.shape[0], self.config.vocab_size), float("-inf"), device=x.device)
         full[:, self.vocab_subset] = partial
         return full
@@ -309,10 +367,10 @@ class Transformer(nn.Module):
                 positions.append(tree_positions(start, seg.parents, self.device))
                 visible = tree_mask(start, seg.parents, self.device)[:, start:]
             spans.append(RowSpan(seg.cache, start, seg.rows, visible))
-        cos, sin = self._rope(torch.cat(positions))
-        x = self.embed[torch.tensor([t for seg in segments for t in seg.tokens], device=self.device)]
+        ropes = self._layer_ropes(torch.cat(positions))
+        x = self._embed(torch.tensor([t for seg in segments for t in seg.tokens], device=self.device))
         for index, layer in enumerate(self.layers):
-            x = layer.forward_rows(x, index, spans, cos, sin)
+            x = layer.forward_rows(x, index, spans, *ropes[index])
         picked, first = [], 0  # the rows whose logits are wanted, in segment order
         for seg, span in zip(segments, spans):
             seg.cache.length = span.start + span.rows

@@ -66,8 +66,22 @@ SHAPES = {
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_row_among_other_sequences_rows_is_the_row_alone(precision, shape):
-    model = model_for(precision)
-    batch = batch_of(model, SHAPES[shape])
+    check_batch_is_rows_alone(model_for(precision), SHAPES[shape])
+
+
+@pytest.mark.parametrize("precision", ["float32", "int8"])
+@pytest.mark.parametrize("name", ["gemma3-windowed", "mistral-window"])
+def test_windowed_layers_in_a_batch_are_the_rows_alone(name, precision):
+    """Sliding windows of 6 (Gemma 3's windowed layers) and 5 (Mistral's every layer) against prefixes of up to 51
+    positions: the window cuts most sequences' rows, chains, trees and prompt chunks alike."""
+    model = model_for(precision, name)
+    assert any(layer.window for layer in model.layers)
+    for shape in SHAPES.values():
+        check_batch_is_rows_alone(model, shape)
+
+
+def check_batch_is_rows_alone(model, shapes):
+    batch = batch_of(model, shapes)
     solo = alone(model, batch)
     logits, caches = together(model, batch)
     for index, ((expected, own), got, cache) in enumerate(zip(solo, logits, caches)):

@@ -23,6 +23,7 @@ from specdecode.models.loader import load_model
 from testlib import (
     QWEN_05B,
     SMOLLM2,
+    arch_config,
     as_loaded,
     divergence_report,
     fake_tokenizer,
@@ -66,9 +67,9 @@ class RandomDrafter(Drafter):
 @functools.lru_cache(maxsize=None)
 def models(arch: str):
     """(target, strong draft, weak draft) for one architecture, built once."""
-    target = make_tiny_model(seed=1 if arch == "llama" else 2, arch=arch)
+    target = make_tiny_model(seed=1 if arch == "llama" else 2, **arch_config(arch))
     strong = perturbed_copy(target, noise=0.01, seed=7)
-    weak = make_tiny_model(seed=55, arch=arch)  # unrelated weights: alpha near 0
+    weak = make_tiny_model(seed=55, **arch_config(arch))  # unrelated weights: alpha near 0
     return target, strong, weak
 
 
@@ -151,7 +152,7 @@ def check_identity(arch, kind, k, max_new_tokens=NEW_TOKENS, prompt=PROMPT, max_
 # --------------------------------------------------------------------------- the main matrix
 @pytest.mark.parametrize("k", range(1, 9))
 @pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "tree", "tree-weak", "auto"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "mistral"])
 def test_speculative_equals_autoregressive(arch, kind, k):
     result = check_identity(arch, kind, k)
     stats = result.stats
@@ -182,7 +183,7 @@ def test_blocks_larger_than_one_kernel_call_are_exact(precision, kind, k):
 
 @pytest.mark.parametrize("k", [1, 2, 5, 8, 15, "auto"])
 @pytest.mark.parametrize("kind", ["strong", "weak", "lookup", "auto"])
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "mistral"])
 def test_int8_target_speculative_equals_its_autoregressive(arch, kind, k):
     """The int8 target (GGUF-style blocks times int8 activations) is exact against itself: every matmul
     computes a row the same way in a verify block of any size as in a single step."""
@@ -606,3 +607,23 @@ def test_auto_copies_where_the_text_matches_and_drafts_with_the_model_elsewhere(
     assert by_source["draft"] > 0 and by_source["lookup"] > 0, by_source
     accepted_sources = [s for s, o in zip(result.sources, result.origins) if o == "accepted"]
     assert len(result.sources) == len(result.token_ids) and Counter(accepted_sources) == by_source
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "mistral"])
+def test_identity_catches_a_verify_block_whose_window_is_off_by_one(arch, monkeypatch):
+    """Broken twin of the windowed cases above: blocks of several rows see one key more than their window (a
+    single decode step sees the right ones). Speculative output must then part from plain output."""
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    real = kernels.block_attention
+
+    def wider_in_blocks(q, keys, values, start, visible=None, scale=0.0, window=0):
+        return real(q, keys, values, start, visible, scale, window + 1 if window and q.shape[0] > 1 else window)
+
+    monkeypatch.setattr(kernels, "block_attention", wider_in_blocks)
+    target, strong, _ = models(arch)
+    expected = reference_greedy(target, PROMPT, NEW_TOKENS, max_context=128)
+    got = make_engine(target, strong).generate(list(PROMPT), drafter="draft", k=8, max_new_tokens=NEW_TOKENS).token_ids
+    assert got != expected

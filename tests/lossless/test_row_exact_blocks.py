@@ -74,6 +74,40 @@ def test_block_attention_kernel_matches_pytorch_and_is_row_count_invariant(heads
             assert torch.equal(out[i : i + 1], kernels.block_attention(q[i : i + 1], keys, values, start + i))
 
 
+@pytest.mark.parametrize("window", [1, 6, 40])
+def test_windowed_scaled_block_attention_matches_pytorch_and_is_row_count_invariant(window):
+    """With a sliding window and a scale of its own (Gemma 3, Mistral): row i sees the keys at positions after
+    start + i - window, as PyTorch's attention over exactly those keys does, with the same bits alone or in a
+    block, chain or tree. Its broken twin (the window one larger) must be told apart."""
+    import torch.nn.functional as F
+
+    from specdecode import kernels
+    from specdecode.models.transformer import tree_mask
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    gen = torch.Generator().manual_seed(8)
+    heads, kv_heads, head_dim, scale = 8, 2, 32, 0.3
+    for start, rows in ((0, 9), (37, 5), (100, 16)):
+        keys = torch.randn(kv_heads, start + rows + 3, head_dim, generator=gen)
+        values = torch.randn(kv_heads, start + rows + 3, head_dim, generator=gen)
+        q = torch.randn(rows, heads, head_dim, generator=gen)
+        out = kernels.block_attention(q, keys, values, start, None, scale, window)
+        wider = kernels.block_attention(q, keys, values, start, None, scale, window + 1)
+        for i in range(rows):
+            first, n = max(0, start + i + 1 - window), start + i + 1
+            ref = F.scaled_dot_product_attention(q[i : i + 1].transpose(0, 1)[None], keys[None, :, first:n],
+                                                 values[None, :, first:n], enable_gqa=True, scale=scale)[0].transpose(0, 1)
+            torch.testing.assert_close(out[i : i + 1], ref, rtol=1e-5, atol=1e-5)
+            assert torch.equal(out[i : i + 1], kernels.block_attention(q[i : i + 1], keys, values, start + i, None, scale, window))
+            if first > 0:  # the twin sees one key more
+                assert (wider[i] - out[i]).abs().max() > 1e-4
+        # a tree: root, a chain of the block's rows, and a sibling of each (rows at depth d sit at start + d)
+        parents = list(range(rows - 1))
+        chain_tree = kernels.block_attention(q, keys, values, start, tree_mask(start, parents, "cpu")[:, start:], scale, window)
+        assert torch.equal(chain_tree, out)
+
+
 def whole_model(precision: str, name: str):
     """A tiny model of that shape: float32, Q8_0 (int8), the default target's Q4_K/Q6_K tiles (kquant: its fixed
     k-quant shape), or the 0.5B draft's Q5_0 blocks in their interleaved 16-row layout."""
@@ -129,7 +163,7 @@ def test_rows_are_bitwise_the_same_in_any_block(name, precision):
 
 
 @pytest.mark.parametrize("precision", ["float32", "int8"])
-@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-gqa-bias"])
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-gqa-bias", "gemma3-windowed", "mistral-window"])
 def test_tree_nodes_are_bitwise_the_same_nodes_in_a_chain(name, precision):
     """A token tree's node computes the bits of the same token at the same depth in a plain chain: logits
     and keys/values. The chain here is 8 verify rows; the tree holds it with a sibling leaf at every depth."""
@@ -163,7 +197,7 @@ def test_tree_nodes_are_bitwise_the_same_nodes_in_a_chain(name, precision):
     assert torch.equal(tree_cache.values[:, :, rows], chain_cache.values[:, :, 6:14])
 
 
-@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-gqa-bias"])
+@pytest.mark.parametrize("name", ["llama-gqa", "qwen2-gqa-bias", "gemma3-windowed", "mistral-window"])
 def test_the_one_call_int8_layer_gives_the_three_call_bits(name, monkeypatch):
     """The int8 layer runs as one native call (attn_in, cache write, attention, attn_out); the three-call
     path it replaced is the reference: logits and cache bits equal, for a prompt, a step, a verify block

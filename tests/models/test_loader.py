@@ -209,7 +209,7 @@ def test_gguf_blocks_reproduce_the_float32_model_bit_for_bit(tmp_path, config, q
 
 def test_gguf_of_an_unsupported_architecture(tmp_path, private_cache):
     path = write_gguf(tmp_path / "gpt2.gguf", make_tiny_model(seed=61), arch_name="gpt2", tokenizer=True)
-    supported = r"unsupported architecture 'gpt2' \(the native decoder covers llama, qwen2, qwen3\)"
+    supported = r"unsupported architecture 'gpt2' \(the native decoder covers llama, qwen2, qwen3, mistral, gemma3\)"
     with pytest.raises(ModelError, match=supported):
         load_gguf_model(path, "cpu", torch.float32, None)
     with pytest.raises(ModelError, match=supported):  # what the CLI prints as one line, converting nothing

@@ -204,7 +204,7 @@ def test_unsupported_gguf_rope_type(tmp_path):
 
 
 def test_unsupported_hf_architecture_names_the_supported_ones(tmp_path):
-    with pytest.raises(ModelError, match=r"unsupported architecture 'gemma2' \(the native decoder covers llama, qwen2, qwen3\)"):
+    with pytest.raises(ModelError, match=r"unsupported architecture 'gemma2' \(the native decoder covers llama, qwen2, qwen3, mistral, gemma3"):
         config_from_hf(dict(model_type="gemma2"))
 
 
