@@ -253,6 +253,8 @@ TINY_CONFIGS = {
     "qwen2-tied": dict(arch="qwen2", tie_embeddings=True, n_kv_heads=1),
     # per-head q/k RMSNorm, no bias, heads wider than hidden / n_heads (q_size 128 != hidden 64)
     "qwen3-qknorm": dict(arch="qwen3", head_dim=32),
+    # Phi-3's shape: fused Q|K|V and gate|up read as they are, one KV head per head (MHA), untied head
+    "phi3-mha": dict(arch="phi3", n_kv_heads=4),
 }
 
 

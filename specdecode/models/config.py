@@ -16,12 +16,21 @@ class Architecture:
     qkv_bias: bool  # Q/K/V projections carry biases (HF folders; a GGUF file says so by having the tensors)
     qk_norm: bool  # per-head RMSNorm of q and k (weights of size head_dim) before the rotation
     gguf_permuted_qk: bool  # llama.cpp stores the Q/K rows of each head interleaved (convert_hf_to_gguf's permute)
+    # Phi-3: one Q|K|V matrix (HF self_attn.qkv_proj, GGUF attn_qkv) and one gate|up matrix (HF mlp.gate_up_proj,
+    # GGUF ffn_up of 2 x feed_forward_length rows, gate first): the decoder's own fused layout, read as it is.
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    # config.json's `sliding_window` applies to every layer (Phi-3). The native decoder attends fully, which equals
+    # the window up to `sliding_window` positions, so the context is capped there instead of running another model.
+    window_caps_context: bool = False
 
 
 ARCHITECTURES = {
     "llama": Architecture("llama", qkv_bias=False, qk_norm=False, gguf_permuted_qk=True),
     "qwen2": Architecture("qwen2", qkv_bias=True, qk_norm=False, gguf_permuted_qk=False),
     "qwen3": Architecture("qwen3", qkv_bias=False, qk_norm=True, gguf_permuted_qk=False),
+    "phi3": Architecture("phi3", qkv_bias=False, qk_norm=False, gguf_permuted_qk=False, fused_qkv=True, fused_gate_up=True,
+                         window_caps_context=True),
 }
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 

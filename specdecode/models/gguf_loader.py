@@ -40,6 +40,12 @@ def read_config(reader) -> ModelConfig:
     divisors = None if divisors is None else [float(d) for d in np.asarray(divisors.data, dtype=np.float32).reshape(-1)]
     hidden = int(_field(reader, f"{arch}.embedding_length"))
     n_heads = int(_field(reader, f"{arch}.attention.head_count"))
+    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // n_heads))
+    _check_rope_facts(reader, tensors, arch, head_dim)
+    context = int(_field(reader, f"{arch}.context_length", 2048))
+    window = _field(reader, f"{arch}.attention.sliding_window")
+    if window and architecture(arch).window_caps_context:
+        context = min(context, int(window))
     return ModelConfig(
         arch=arch,
         vocab_size=int(embed.shape[1]),
@@ -48,14 +54,26 @@ def read_config(reader) -> ModelConfig:
         n_layers=int(_field(reader, f"{arch}.block_count")),
         n_heads=n_heads,
         n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
-        head_dim=int(_field(reader, f"{arch}.attention.key_length", hidden // n_heads)),
+        head_dim=head_dim,
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        context_length=int(_field(reader, f"{arch}.context_length", 2048)),
+        context_length=context,
         tie_embeddings="output.weight" not in tensors,
-        qkv_bias="blk.0.attn_q.bias" in tensors,
+        qkv_bias="blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
         rope_scaling=rope_from_gguf(lambda key, default: _field(reader, key, default), arch, divisors),
     )
+
+
+def _check_rope_facts(reader, tensors: dict, arch: str, head_dim: int) -> None:
+    """Refuse what the rotation here cannot reproduce: Phi-3's longrope factors (llama.cpp writes them as tensors,
+    not as a scaling type) and a rotation of only part of each head."""
+    if "rope_factors_long.weight" in tensors or "rope_factors_short.weight" in tensors:
+        raise ModelError("unsupported rope scaling 'longrope' in the GGUF file (rope_factors tensors; the native decoder"
+                         " covers llama3, linear and yarn, or none)")
+    rotated = _field(reader, f"{arch}.rope.dimension_count")
+    if rotated is not None and int(rotated) != head_dim:
+        raise ModelError(f"a partial rotary embedding ({int(rotated)} of {head_dim} head dimensions) is not supported"
+                         " by the native decoder")
 
 
 def _unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
@@ -65,32 +83,46 @@ def _unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
     return weight.reshape(n_heads, rows // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(weight.shape)
 
 
-def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions: int | None, reader=None) -> Transformer:
+def _dequantized(path: Path, tensors: dict, name: str) -> np.ndarray:
+    """One tensor of the file as float32 [rows, cols] (numpy's order: GGUF lists dimensions innermost first)."""
     import gguf
 
+    if name not in tensors:
+        raise ModelError(f"{path.name}: tensor '{name}' is missing")
+    t = tensors[name]
+    try:
+        array = gguf.quants.dequantize(t.data, t.tensor_type)
+    except Exception as exc:
+        raise ModelError(f"{path.name}: cannot read tensor '{name}' ({exc}); the file may be corrupt") from None
+    shape = tuple(int(d) for d in reversed(t.shape))
+    # Copy: float32 tensors come back as read-only views into the memory-mapped file.
+    return np.array(array.reshape(shape), dtype=np.float32, copy=True)
+
+
+def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions: int | None, reader=None) -> Transformer:
     reader = reader or open_gguf(path)
     config = read_config(reader)
     tensors = {t.name: t for t in reader.tensors}
 
     def get(name: str) -> np.ndarray:
-        if name not in tensors:
-            raise ModelError(f"{path.name}: tensor '{name}' is missing")
-        t = tensors[name]
-        try:
-            array = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as exc:
-            raise ModelError(f"{path.name}: cannot read tensor '{name}' ({exc}); the file may be corrupt") from None
-        shape = tuple(int(d) for d in reversed(t.shape))
-        # Copy: float32 tensors come back as read-only views into the memory-mapped file.
-        return np.array(array.reshape(shape), dtype=np.float32, copy=True)
+        return _dequantized(path, tensors, name)
 
     def qk(name: str, heads: int) -> np.ndarray:
         array = get(name)
         return _unpermute_rope_rows(array, heads) if config.architecture.gguf_permuted_qk else array
 
+    def fused_or_parts(prefix: str, kind: str) -> np.ndarray:
+        """The Q|K|V rows: one attn_qkv tensor (Phi-3) or attn_q, attn_k and attn_v stacked."""
+        if f"{prefix}attn_qkv.{kind}" in tensors:
+            return get(f"{prefix}attn_qkv.{kind}")
+        return np.concatenate([qk(f"{prefix}attn_q.{kind}", config.n_heads), qk(f"{prefix}attn_k.{kind}", config.n_kv_heads),
+                               get(f"{prefix}attn_v.{kind}")])
+
     model = Transformer(config, weight_dtype=weight_dtype, max_positions=max_positions)
 
     def put(param: torch.nn.Parameter, array: np.ndarray) -> None:
+        if tuple(array.shape) != tuple(param.shape):
+            raise ModelError(f"{path.name}: a tensor of shape {tuple(array.shape)} where the model needs {tuple(param.shape)}")
         param.data = torch.from_numpy(array).to(device=device, dtype=param.dtype)
 
     put(model.embed, get("token_embd.weight"))
@@ -101,18 +133,16 @@ def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions
         p = f"blk.{i}."
         put(layer.attn_norm, get(p + "attn_norm.weight"))
         put(layer.mlp_norm, get(p + "ffn_norm.weight"))
-        put(layer.qkv, np.concatenate([
-            qk(p + "attn_q.weight", config.n_heads), qk(p + "attn_k.weight", config.n_kv_heads), get(p + "attn_v.weight")
-        ]))
+        put(layer.qkv, fused_or_parts(p, "weight"))
         if layer.qkv_bias is not None:
-            put(layer.qkv_bias, np.concatenate([
-                qk(p + "attn_q.bias", config.n_heads), qk(p + "attn_k.bias", config.n_kv_heads), get(p + "attn_v.bias")
-            ]))
+            put(layer.qkv_bias, fused_or_parts(p, "bias"))
         if layer.q_norm is not None:
             put(layer.q_norm, get(p + "attn_q_norm.weight"))
             put(layer.k_norm, get(p + "attn_k_norm.weight"))
         put(layer.out_proj, get(p + "attn_output.weight"))
-        put(layer.gate_up, np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")]))
+        # Phi-3: ffn_up holds gate and up, gate first (llama.cpp's fused SwiGLU takes the first half as the gate)
+        fused = config.architecture.fused_gate_up
+        put(layer.gate_up, get(p + "ffn_up.weight") if fused else np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")]))
         put(layer.down, get(p + "ffn_down.weight"))
     return model
 
@@ -137,11 +167,12 @@ def read_gguf_blocks(path: Path, config: ModelConfig, reader=None) -> dict[str, 
     wanted = {}
     for i in range(config.n_layers):
         p = f"blk.{i}."
-        wanted[f"layers.{i}.qkv"] = [
+        wanted[f"layers.{i}.qkv"] = [blocks(p + "attn_qkv.weight")] if p + "attn_qkv.weight" in tensors else [
             blocks(p + "attn_q.weight", config.n_heads), blocks(p + "attn_k.weight", config.n_kv_heads), blocks(p + "attn_v.weight")
         ]
         wanted[f"layers.{i}.out_proj"] = [blocks(p + "attn_output.weight")]
-        wanted[f"layers.{i}.gate_up"] = [blocks(p + "ffn_gate.weight"), blocks(p + "ffn_up.weight")]
+        wanted[f"layers.{i}.gate_up"] = ([blocks(p + "ffn_up.weight")] if config.architecture.fused_gate_up
+                                         else [blocks(p + "ffn_gate.weight"), blocks(p + "ffn_up.weight")])
         wanted[f"layers.{i}.down"] = [blocks(p + "ffn_down.weight")]
     # A tied head reads the embedding's blocks.
     wanted["lm_head"] = [blocks("token_embd.weight" if config.tie_embeddings else "output.weight")]

@@ -3,6 +3,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from specdecode.errors import ModelError
+from specdecode.models.config import SUPPORTED_ARCHS
 from specdecode.models.gguf_loader import load_gguf_model
 from specdecode.models.loader import load_model
 from specdecode.models.transformer import Transformer
@@ -124,6 +126,12 @@ def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, to
         q, k, v = layer.qkv.split((c.q_size, c.kv_size, c.kv_size))
         add(p + "attn_norm.weight", layer.attn_norm)
         add(p + "ffn_norm.weight", layer.mlp_norm)
+        if c.architecture.fused_qkv:  # Phi-3, as llama.cpp's converter writes it: one attn_qkv, one ffn_up (gate|up)
+            add(p + "attn_qkv.weight", layer.qkv)
+            add(p + "attn_output.weight", layer.out_proj)
+            add(p + "ffn_up.weight", layer.gate_up)
+            add(p + "ffn_down.weight", layer.down)
+            continue
         add(p + "attn_q.weight", qk(q, c.n_heads))
         add(p + "attn_k.weight", qk(k, c.n_kv_heads))
         add(p + "attn_v.weight", v)
@@ -209,7 +217,7 @@ def test_gguf_blocks_reproduce_the_float32_model_bit_for_bit(tmp_path, config, q
 
 def test_gguf_of_an_unsupported_architecture(tmp_path, private_cache):
     path = write_gguf(tmp_path / "gpt2.gguf", make_tiny_model(seed=61), arch_name="gpt2", tokenizer=True)
-    supported = r"unsupported architecture 'gpt2' \(the native decoder covers llama, qwen2, qwen3\)"
+    supported = r"unsupported architecture 'gpt2' \(the native decoder covers " + re.escape(", ".join(SUPPORTED_ARCHS)) + r"\)"
     with pytest.raises(ModelError, match=supported):
         load_gguf_model(path, "cpu", torch.float32, None)
     with pytest.raises(ModelError, match=supported):  # what the CLI prints as one line, converting nothing
