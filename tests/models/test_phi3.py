@@ -4,6 +4,7 @@ folders, from GGUF files (written here and by llama.cpp's own converter), float3
 has a broken twin (the fused matrices split at the wrong place) that fails it."""
 from __future__ import annotations
 
+import json
 import pytest
 import torch
 
@@ -141,6 +142,10 @@ def converted_phi3(tmp_path, tokenizer, outtype: str = "f32", **overrides):
     folder = tmp_path / "phi3-hf"
     hf.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
+    # The converter reads a Phi-3 vocabulary from tokenizer.model (SentencePiece) unless tokenizer_config.json names
+    # GPT2Tokenizer, as Phi-4's files (model_type phi3) do: smollm2's byte-level BPE, named so.
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**settings, "tokenizer_class": "GPT2Tokenizer"}))
     out = tmp_path / f"phi3-{outtype}.gguf"
     env = {**os.environ, "PYTHONPATH": str(converter.parent / "gguf-py")}
     run = subprocess.run([sys.executable, str(converter), str(folder), "--outtype", outtype, "--outfile", str(out)],
@@ -169,8 +174,8 @@ def test_int8_speculative_equals_plain_through_load_model(tmp_path, monkeypatch,
 
     if kernels.load_kernel() is None:
         pytest.skip("no CPU kernel")
-    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     _, path = converted_phi3(tmp_path, smollm2.tokenizer.hf, outtype="q8_0")
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))  # after finding the converter in the real cache
     target = load_model(str(path), device="cpu", dtype="int8", max_context=128)
     assert target.model.int8 and target.model.config.arch == "phi3"
     assert target.model.layers[0].qkv.types == [kernels.Q8_0]  # the fused attn_qkv, one part
