@@ -32,10 +32,13 @@ def _add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None
         p.add_argument("--draft-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
                        help="draft weights precision (does not change outputs: the target decides); auto: int8"
                             " through the CPU kernel, else bfloat16")
-    p.add_argument("--precision", "--dtype", dest="precision", default="int8", choices=["int8", "float32", "bfloat16"],
+    p.add_argument("--precision", "--dtype", dest="precision", default="int8",
+                   choices=["int8", "q8_0", "float32", "bfloat16"],
                    help="target arithmetic. int8 (default): the GGUF blocks times int8 activations, as llama.cpp computes"
-                        " the model on a CPU; float32: the dequantized weights in float32, the reference that matches"
-                        " transformers. Greedy speculative output equals plain output within each")
+                        " the model on a CPU (refused where a matrix has blocks the int8 kernel does not read: F16, BF16,"
+                        " F32, Hugging Face folders); q8_0: int8, those matrices quantized to Q8_0 at load; float32: the"
+                        " dequantized weights in float32, the reference that matches transformers. Greedy speculative"
+                        " output equals plain output within each")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--ctx", type=int, default=4096, help="context length to allocate (tokens)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")

@@ -147,10 +147,28 @@ def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions
     return model
 
 
+def matrix_tensors(config: ModelConfig, names) -> dict[str, list[tuple[str, int | None]]]:
+    """The GGUF tensors behind each projection matrix, keyed by the model attribute they back ("layers.3.qkv",
+    "lm_head"), as (tensor name, heads whose Q/K rows llama.cpp may have permuted, else None), in the order the
+    loader stacks them. `names`: the file's tensor names (Phi-3's fused attn_qkv where the file has it)."""
+    wanted = {}
+    for i in range(config.n_layers):
+        p = f"blk.{i}."
+        fused_qkv = p + "attn_qkv.weight" in names
+        wanted[f"layers.{i}.qkv"] = [(p + "attn_qkv.weight", None)] if fused_qkv else [
+            (p + "attn_q.weight", config.n_heads), (p + "attn_k.weight", config.n_kv_heads), (p + "attn_v.weight", None)]
+        wanted[f"layers.{i}.out_proj"] = [(p + "attn_output.weight", None)]
+        wanted[f"layers.{i}.gate_up"] = ([(p + "ffn_up.weight", None)] if config.architecture.fused_gate_up
+                                         else [(p + "ffn_gate.weight", None), (p + "ffn_up.weight", None)])
+        wanted[f"layers.{i}.down"] = [(p + "ffn_down.weight", None)]
+    # A tied head reads the embedding's blocks.
+    wanted["lm_head"] = [("token_embd.weight" if config.tie_embeddings else "output.weight", None)]
+    return wanted
+
+
 def read_gguf_blocks(path: Path, config: ModelConfig, reader=None) -> dict[str, list[tuple[int, torch.Tensor]]]:
-    """The raw GGUF blocks behind each projection matrix, keyed by the model attribute they back
-    ("layers.3.qkv", "lm_head"), as (ggml type, [rows, bytes per row] uint8) per source tensor, in the
-    order the loader stacks them. Matrices with any block type neither kernel reads are left out.
+    """The raw GGUF blocks behind each projection matrix (see matrix_tensors), as (ggml type, [rows, bytes per
+    row] uint8) per source tensor. Matrices with any block type neither kernel reads are left out.
     """
     reader = reader or open_gguf(path)
     tensors = {t.name: t for t in reader.tensors}
@@ -164,19 +182,14 @@ def read_gguf_blocks(path: Path, config: ModelConfig, reader=None) -> dict[str, 
             data = _unpermute_rope_rows(data, heads)
         return int(t.tensor_type), torch.from_numpy(np.array(data, dtype=np.uint8, copy=True))
 
-    wanted = {}
-    for i in range(config.n_layers):
-        p = f"blk.{i}."
-        wanted[f"layers.{i}.qkv"] = [blocks(p + "attn_qkv.weight")] if p + "attn_qkv.weight" in tensors else [
-            blocks(p + "attn_q.weight", config.n_heads), blocks(p + "attn_k.weight", config.n_kv_heads), blocks(p + "attn_v.weight")
-        ]
-        wanted[f"layers.{i}.out_proj"] = [blocks(p + "attn_output.weight")]
-        wanted[f"layers.{i}.gate_up"] = ([blocks(p + "ffn_up.weight")] if config.architecture.fused_gate_up
-                                         else [blocks(p + "ffn_gate.weight"), blocks(p + "ffn_up.weight")])
-        wanted[f"layers.{i}.down"] = [blocks(p + "ffn_down.weight")]
-    # A tied head reads the embedding's blocks.
-    wanted["lm_head"] = [blocks("token_embd.weight" if config.tie_embeddings else "output.weight")]
+    wanted = {key: [blocks(name, heads) for name, heads in parts] for key, parts in matrix_tensors(config, tensors).items()}
     return {key: parts for key, parts in wanted.items() if all(part is not None for part in parts)}
+
+
+def matrix_types(config: ModelConfig, reader) -> dict[str, list[str]]:
+    """The ggml type names of each projection matrix's tensors (header only, no weights read)."""
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    return {key: [types.get(name, "missing") for name, _ in parts] for key, parts in matrix_tensors(config, types).items()}
 
 
 def attach_gguf_blocks(model: Transformer, blocks: dict[str, list[tuple[int, torch.Tensor]]]) -> int:

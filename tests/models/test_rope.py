@@ -257,7 +257,7 @@ def test_gguf_from_llamacpp_converter_matches_transformers(tmp_path, smollm2, ar
     check_matches(native, hf, [(7 * i * i + 3 * i + 1) % config.vocab_size for i in range(96)], f"llama.cpp-converted {arch} {name}")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", "q8_0"])  # q8_0: the float32 file's matrices quantized at load
 def test_scaling_survives_the_converted_folder(tmp_path, monkeypatch, dtype):
     """load_model converts a GGUF file once and later reads its config.json: the rope scaling (llama 3's
     divisors here) is kept there, so the loaded model rotates as the file says."""
@@ -267,7 +267,7 @@ def test_scaling_survives_the_converted_folder(tmp_path, monkeypatch, dtype):
     from specdecode import kernels
     from specdecode.models.loader import load_model
 
-    if dtype == "int8" and kernels.load_kernel() is None:
+    if dtype == "q8_0" and kernels.load_kernel() is None:
         pytest.skip("no CPU kernel")
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     source = make_tiny_model(seed=30, arch="qwen3", head_dim=32)
