@@ -115,6 +115,14 @@ def cmd_models(args) -> int:
             state = "cached" if registry.is_cached(entry.name) else "not cached"
             print(f"{entry.name:22s} {entry.size / 1e6:8.0f} MB  {state:10s}  {entry.description}")
         return 0
+    if args.action == "inspect":
+        from .models.inspect import inspect_model
+
+        if not args.names:
+            raise SpecDecodeError("models inspect needs a registry name, a .gguf file or a Hugging Face folder")
+        for index, name in enumerate(args.names):
+            print(("\n" if index else "") + "\n".join(inspect_model(name)))
+        return 0
     if args.action == "pull":
         from .models.loader import convert_gguf
 
@@ -170,8 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile", action="store_true", help="time per phase and the measured cost of verify blocks")
     g.set_defaults(func=cmd_generate)
 
-    m = sub.add_parser("models", help="list or pull the named default models")
-    m.add_argument("action", choices=["list", "pull"])
+    m = sub.add_parser("models", help="list or pull the named default models; inspect a model's file or folder")
+    m.add_argument("action", choices=["list", "pull", "inspect"])
     m.add_argument("names", nargs="*")
     m.add_argument("--verify", action="store_true", help="re-check the sha256 of cached files")
     m.set_defaults(func=cmd_models)

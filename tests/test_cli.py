@@ -209,3 +209,4 @@ def test_a_benchmark_loads_the_draft_model_but_auto_uses_it_only_where_the_defau
     assert drafter == "auto" and engine.draft is not None
     assert engine.auto_draft_model is auto_drafts
     assert ("draft" in engine.drafter("auto").sources) is auto_drafts
+

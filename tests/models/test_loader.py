@@ -641,3 +641,43 @@ def test_the_real_tiny_model_decodes_from_its_gguf_blocks_with_float32_outputs(s
 
     for with_blocks, float32_only in zip(run(True), run(False)):
         assert torch.equal(with_blocks, float32_only)
+
+
+# --------------------------------------------------------------------------- unsupported files, as a user meets them
+def _unsupported_files(folder):
+    """(file, what the one error line must say) for an unknown architecture, longrope and blocks int8 cannot read."""
+    import numpy as np
+
+    def longrope(writer):
+        writer.add_tensor("rope_factors_long.weight", np.full(8, 2.0, dtype=np.float32))
+
+    return [
+        (write_gguf(folder / "gpt2.gguf", make_tiny_model(seed=61), arch_name="gpt2", tokenizer=True),
+         r"unsupported architecture 'gpt2' \(the native decoder covers llama, qwen2, qwen3, phi3"),
+        (write_gguf(folder / "phi3-longrope.gguf", make_tiny_model(seed=62, arch="phi3", n_kv_heads=4), tokenizer=True,
+                    extra_kv=longrope), r"unsupported rope scaling 'longrope'.*covers llama3, linear and yarn"),
+        (write_gguf(folder / "f32.gguf", make_tiny_model(seed=63), tokenizer=True),
+         r"9 matrices hold blocks the int8 kernel does not read \(15 F32 tensors; it reads Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,"
+         r" Q6_K\); run --precision float32 .* or --precision q8_0"),
+    ]
+
+
+def test_generate_on_an_unsupported_file_prints_one_line_naming_what_is_supported(tmp_path):
+    import subprocess
+    import sys
+
+    from specdecode import kernels
+
+    from specdecode.registry import cache_dir
+
+    (tmp_path / "cache").mkdir()  # conversions go there; the compiled kernel is the real cache's (not rebuilt)
+    (tmp_path / "cache" / "kernels").symlink_to(cache_dir() / "kernels")
+    env = {**os.environ, "SPECDECODE_CACHE": str(tmp_path / "cache")}
+    for path, expected in _unsupported_files(tmp_path):
+        if "int8 kernel" in expected and kernels.load_kernel() is None:
+            continue
+        result = subprocess.run([sys.executable, "-m", "specdecode.cli", "generate", "hi", "--model", str(path), "--draft",
+                                 "none", "--max-new-tokens", "2"], capture_output=True, text=True, timeout=600, env=env)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.returncode == 2 and "Traceback" not in result.stderr and len(errors) == 1, result.stderr
+        assert re.search(expected, errors[0]), (path.name, result.stderr)
