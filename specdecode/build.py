@@ -113,7 +113,7 @@ def prepare_model_files(options) -> list[str]:
     elif drafter == "auto" and options.model == registry.DEFAULT_TARGET:
         # default_draft_model's rule before any model is loaded: the int8 target on a CPU drafts by copying.
         device = torch.device(options.device) if options.device else default_device()
-        if not (options.precision == "int8" and device.type == "cpu"):
+        if not (options.precision in ("int8", "q8_0") and device.type == "cpu"):
             specs.append(registry.DEFAULT_DRAFT)
     for spec in specs:
         prepare_model_file(spec)
@@ -125,6 +125,8 @@ def _load_draft(spec: str, options: EngineOptions, target):
     from .models.loader import load_model
 
     dtype = draft_dtype(options.draft_dtype, target)
+    # A draft's precision decides no output (the target does), so its float matrices may become Q8_0 without asking.
+    dtype = "q8_0" if dtype == "int8" else dtype
     try:
         return load_model(spec, device=options.device, dtype=dtype, max_context=options.ctx)
     except UnsupportedDtype:

@@ -32,10 +32,13 @@ def _add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None
         p.add_argument("--draft-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
                        help="draft weights precision (does not change outputs: the target decides); auto: int8"
                             " through the CPU kernel, else bfloat16")
-    p.add_argument("--precision", "--dtype", dest="precision", default="int8", choices=["int8", "float32", "bfloat16"],
+    p.add_argument("--precision", "--dtype", dest="precision", default="int8",
+                   choices=["int8", "q8_0", "float32", "bfloat16"],
                    help="target arithmetic. int8 (default): the GGUF blocks times int8 activations, as llama.cpp computes"
-                        " the model on a CPU; float32: the dequantized weights in float32, the reference that matches"
-                        " transformers. Greedy speculative output equals plain output within each")
+                        " the model on a CPU (refused where a matrix has blocks the int8 kernel does not read: F16, BF16,"
+                        " F32, Hugging Face folders); q8_0: int8, those matrices quantized to Q8_0 at load; float32: the"
+                        " dequantized weights in float32, the reference that matches transformers. Greedy speculative"
+                        " output equals plain output within each")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--ctx", type=int, default=4096, help="context length to allocate (tokens)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -112,6 +115,14 @@ def cmd_models(args) -> int:
             state = "cached" if registry.is_cached(entry.name) else "not cached"
             print(f"{entry.name:22s} {entry.size / 1e6:8.0f} MB  {state:10s}  {entry.description}")
         return 0
+    if args.action == "inspect":
+        from .models.inspect import inspect_model
+
+        if not args.names:
+            raise SpecDecodeError("models inspect needs a registry name, a .gguf file or a Hugging Face folder")
+        for index, name in enumerate(args.names):
+            print(("\n" if index else "") + "\n".join(inspect_model(name)))
+        return 0
     if args.action == "pull":
         from .models.loader import convert_gguf
 
@@ -170,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile", action="store_true", help="time per phase and the measured cost of verify blocks")
     g.set_defaults(func=cmd_generate)
 
-    m = sub.add_parser("models", help="list or pull the named default models")
-    m.add_argument("action", choices=["list", "pull"])
+    m = sub.add_parser("models", help="list or pull the named default models; inspect a model's file or folder")
+    m.add_argument("action", choices=["list", "pull", "inspect"])
     m.add_argument("names", nargs="*")
     m.add_argument("--verify", action="store_true", help="re-check the sha256 of cached files")
     m.set_defaults(func=cmd_models)

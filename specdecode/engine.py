@@ -103,7 +103,9 @@ class Engine:
         # only for other drafters (a benchmark's `draft` method) and the default would not load it.
         self.auto_draft_model = auto_draft_model
         if draft is not None:
-            check_same_tokenizer(target, draft)
+            proposable = check_same_tokenizer(target, draft)
+            if proposable is not None:  # the draft never proposes a padding row (one the target may lack)
+                draft.model.set_vocab_limit(proposable)
             # A draft that is the target object itself must keep the full vocabulary.
             if isinstance(draft.model, Transformer) and draft.model is not target.model:
                 restrict_draft_vocabulary(draft, draft_vocab)
@@ -418,13 +420,19 @@ def inexact_reason(model) -> str | None:
     return None
 
 
-def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
-    if target.tokenizer.fingerprint() != draft.tokenizer.fingerprint():
-        raise ModelError(
-            f"draft '{draft.name}' and target '{target.name}' use different tokenizers"
-            f" (vocab {draft.tokenizer.vocab_size} vs {target.tokenizer.vocab_size}); speculation needs the same one"
-        )
-    if draft.vocab_size != target.vocab_size:
+def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> int | None:
+    """Refuse a draft whose tokenizer differs from the target's (one line, before anything is drafted). Where the
+    tokenizers agree but the embedding tables are padded to different lengths (Qwen2.5 0.5B's 151,936 rows, 7B's
+    152,064), returns how many ids the draft may propose: the real tokens both models score; else None."""
+    reason = target.tokenizer.difference(draft.tokenizer)
+    if reason is not None:
+        raise ModelError(f"draft '{draft.name}' and target '{target.name}' use different tokenizers ({reason});"
+                         " speculation needs the same one")
+    if draft.vocab_size == target.vocab_size:
+        return None
+    if not isinstance(draft.model, Transformer):
         raise ModelError(
             f"draft '{draft.name}' scores {draft.vocab_size} tokens but target '{target.name}' scores {target.vocab_size}"
+            " (padded rows are masked for native drafts only)"
         )
+    return min(draft.vocab_size, target.vocab_size, target.tokenizer.real_vocab_end)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -156,6 +157,44 @@ class Tokenizer:
         # After a newline, as in the middle of a prompt: SentencePiece adds a space at the start of a string only.
         newline, ids = pipeline("\n"), pipeline("\n" + text)
         return ids[len(newline):] if ids[: len(newline)] == newline else pipeline(text)
+
+    @functools.cached_property
+    def _real_vocab(self) -> dict[str, int]:
+        """The vocabulary without the "[PAD<id>]" entries llama.cpp's converter writes for embedding rows no token
+        uses (a GGUF file's vocabulary is as long as its embedding): two paddings of one tokenizer compare equal."""
+        return {token: tid for token, tid in self.hf.get_vocab().items() if token != f"[PAD{tid}]"}
+
+    @property
+    def real_vocab_end(self) -> int:
+        """One past the largest id a real token has: ids from here on are padding rows of the embedding."""
+        return max(self._real_vocab.values(), default=-1) + 1
+
+    def _merges(self):
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        model = json.loads(backend.to_str()).get("model", {})
+        return model.get("type"), model.get("merges")
+
+    def _special_ids(self) -> dict[int, str]:
+        decoder = getattr(self.hf, "added_tokens_decoder", {}) or {}
+        return {tid: added.content for tid, added in decoder.items() if added.special and added.content != f"[PAD{tid}]"}
+
+    def difference(self, other: "Tokenizer") -> str | None:
+        """None where `other` turns every text into the same ids as this tokenizer and back (padding aside); else
+        what differs, in a few words: the vocabulary, the merges, or which ids are special (control) tokens."""
+        mine, theirs = self._real_vocab, other._real_vocab
+        if mine != theirs:
+            changed = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda item: item[1])
+            token, tid = changed[0]
+            return f"different vocabularies: {len(mine)} vs {len(theirs)} tokens, first difference at id {tid} ({token!r})"
+        if self._merges() != other._merges():
+            return "the same vocabulary but different merges"
+        specials, their_specials = self._special_ids(), other._special_ids()
+        if specials != their_specials:
+            tid = min(set(specials.items()) ^ set(their_specials.items()))[0]
+            return f"different special tokens: id {tid} is {specials.get(tid, 'not special')!r} vs {their_specials.get(tid, 'not special')!r}"
+        return None
 
     def fingerprint(self) -> str:
         """Identity of the vocabulary: two models can speculate for each other only if these agree."""

@@ -40,11 +40,11 @@ def test_tokenizers_of_different_sizes_are_refused(pair):
         Engine(as_loaded(target), as_loaded(bigger))
 
 
-def test_same_tokenizer_but_different_output_sizes_is_refused(pair):
+def test_same_tokenizer_but_different_output_sizes_limits_what_the_draft_proposes(pair):
+    """Padded embedding tables (tests/test_tokenizer_match.py runs them): the draft may propose the real tokens only."""
     target, _ = pair
     bigger = make_tiny_model(seed=32, vocab_size=300)
-    with pytest.raises(ModelError, match="scores"):
-        check_same_tokenizer(as_loaded(target, fake_tokenizer(256)), as_loaded(bigger, fake_tokenizer(256)))
+    assert check_same_tokenizer(as_loaded(target, fake_tokenizer(256)), as_loaded(bigger, fake_tokenizer(256))) == 256
 
 
 def test_matching_pair_is_accepted(pair):

@@ -264,6 +264,8 @@ TINY_CONFIGS = {
                             final_logit_softcap=30.0),
     # every layer sees the last 5 positions
     "mistral-window": dict(arch="mistral", sliding_window=5, sliding_layers=(0, 1)),
+    # Phi-3's shape: fused Q|K|V and gate|up read as they are, one KV head per head (MHA), untied head
+    "phi3-mha": dict(arch="phi3", n_kv_heads=4),
 }
 # The tiny configuration of each architecture, where the tests run one per architecture.
 ARCH_CONFIGS = {"gemma3": TINY_CONFIGS["gemma3-windowed"], "mistral": TINY_CONFIGS["mistral-window"]}

@@ -27,6 +27,10 @@ class DraftModelDrafter(Drafter):
         self.cached: list[int] = []  # the tokens whose keys/values the draft cache holds, in order
         self.prefill_chunk = prefill_chunk
         self.last_sync_tokens = 0  # tokens the last propose had to feed before drafting (1-2 normally)
+        # Ids the draft has embedding rows for: a target with a longer padded table may emit (or be given) one
+        # past them, which the draft cannot read; it then drafts nothing for that sequence (outputs unchanged).
+        config = getattr(model, "config", None)
+        self.rows = config.vocab_size if config is not None else getattr(model, "vocab_size", None)
 
     @property
     def model_drafter(self) -> "DraftModelDrafter":
@@ -43,6 +47,8 @@ class DraftModelDrafter(Drafter):
         del self.cached[keep:]
         pending = tokens[keep:]
         self.last_sync_tokens = len(pending)
+        if self.rows is not None and pending and max(pending) >= self.rows:
+            return None
         device = self.model.device
         while len(pending) > self.prefill_chunk:
             chunk, pending = pending[: self.prefill_chunk], pending[self.prefill_chunk :]
@@ -63,8 +69,9 @@ class DraftModelDrafter(Drafter):
     def unread_tokens(self, context: list[int]) -> int:
         return max(0, len(context) - 1 - common_prefix_len(self.cached, context[:-1]))
 
-    def _logits_after(self, context: list[int]) -> torch.Tensor:
-        """Feed whatever of `context` the cache lacks; logits after its last token."""
+    def _logits_after(self, context: list[int]) -> torch.Tensor | None:
+        """Feed whatever of `context` the cache lacks; logits after its last token (None: an id the draft has no
+        row for)."""
         return self._feed(context, logits="last")
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
@@ -73,6 +80,8 @@ class DraftModelDrafter(Drafter):
         if k <= 0:
             return Draft()
         logits = self._logits_after(context)
+        if logits is None:
+            return Draft()
         passes = 1
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
@@ -114,6 +123,8 @@ class DraftModelDrafter(Drafter):
         if k <= 0:
             return Draft()
         logits = self._logits_after(context)
+        if logits is None:
+            return Draft()
         passes = 1
         tokens: list[int] = []
         parents: list[int] = []

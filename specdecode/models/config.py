@@ -26,6 +26,13 @@ class Architecture:
     sliding_windows: bool = False  # the config may give layers a sliding attention window (read, not refused)
     swa_pattern: int = 0  # files that list no layer types: every n-th layer global, the others windowed
     default_local_rope_base: float = 0.0  # files that give no rope base for the windowed layers (GGUF without freq_base_swa)
+    # Phi-3: one Q|K|V matrix (HF self_attn.qkv_proj, GGUF attn_qkv) and one gate|up matrix (HF mlp.gate_up_proj,
+    # GGUF ffn_up of 2 x feed_forward_length rows, gate first): the decoder's own fused layout, read as it is.
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    # config.json's `sliding_window` applies to every layer (Phi-3). The native decoder attends fully, which equals
+    # the window up to `sliding_window` positions, so the context is capped there instead of running another model.
+    window_caps_context: bool = False
 
 
 ARCHITECTURES = {
@@ -39,6 +46,8 @@ ARCHITECTURES = {
     "gemma3": Architecture("gemma3", qkv_bias=False, qk_norm=True, gguf_permuted_qk=False, hf_model_type="gemma3_text",
                            activation="gelu_tanh", sandwich_norms=True, hf_norm_offset=1.0, embed_scale=True,
                            sliding_windows=True, swa_pattern=6, default_local_rope_base=10000.0),
+    "phi3": Architecture("phi3", qkv_bias=False, qk_norm=False, gguf_permuted_qk=False, fused_qkv=True, fused_gate_up=True,
+                         window_caps_context=True),
 }
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)
 HF_MODEL_TYPES = {arch.hf_model_type or arch.name: arch.name for arch in ARCHITECTURES.values()}

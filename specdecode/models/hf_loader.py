@@ -68,6 +68,9 @@ def config_from_hf(cfg: dict) -> ModelConfig:
     hidden = int(cfg["hidden_size"])
     rope_theta, rope_scaling = rope_from_hf(cfg)
     window, windowed = windows_from_hf(arch, cfg, int(cfg["num_hidden_layers"]))
+    context = int(cfg.get("max_position_embeddings", 2048))
+    if arch.window_caps_context and cfg.get("sliding_window"):
+        context = min(context, int(cfg["sliding_window"]))
     return ModelConfig(
         arch=arch.name,
         vocab_size=int(cfg["vocab_size"]),
@@ -79,7 +82,7 @@ def config_from_hf(cfg: dict) -> ModelConfig:
         head_dim=int(cfg.get("head_dim") or hidden // n_heads),
         rope_theta=rope_theta,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        context_length=int(cfg.get("max_position_embeddings", 2048)),
+        context_length=context,
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=arch.qkv_bias or bool(cfg.get("attention_bias", False)),
         rope_scaling=rope_scaling,
@@ -120,6 +123,8 @@ def load_hf_native(folder: Path, device, weight_dtype: torch.dtype, max_position
             raise ModelError(f"{folder}: tensor '{name}' is missing") from None
 
     def put(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+        if value.shape != param.shape:  # a fused matrix of another layout would otherwise load and compute nonsense
+            raise ModelError(f"{folder}: a tensor of shape {tuple(value.shape)} where the model needs {tuple(param.shape)}")
         param.data = value.to(device=device, dtype=param.dtype).contiguous()
 
     offset = config.architecture.hf_norm_offset
@@ -141,13 +146,19 @@ def load_hf_native(folder: Path, device, weight_dtype: torch.dtype, max_position
             put(layer.post_mlp_norm, norm(p + "post_feedforward_layernorm.weight"))
         else:
             put(layer.mlp_norm, norm(p + "post_attention_layernorm.weight"))
-        put(layer.qkv, torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]))
+        if config.architecture.fused_qkv:
+            put(layer.qkv, get(a + "qkv_proj.weight"))
+        else:
+            put(layer.qkv, torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")]))
         if layer.qkv_bias is not None:
             put(layer.qkv_bias, torch.cat([get(a + "q_proj.bias"), get(a + "k_proj.bias"), get(a + "v_proj.bias")]))
         if layer.q_norm is not None:
             put(layer.q_norm, norm(a + "q_norm.weight"))
             put(layer.k_norm, norm(a + "k_norm.weight"))
         put(layer.out_proj, get(a + "o_proj.weight"))
-        put(layer.gate_up, torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]))
+        if config.architecture.fused_gate_up:
+            put(layer.gate_up, get(p + "mlp.gate_up_proj.weight"))
+        else:
+            put(layer.gate_up, torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]))
         put(layer.down, get(p + "mlp.down_proj.weight"))
     return model

@@ -20,9 +20,11 @@ from .config import ModelConfig, architecture_of_hf
 from .transformer import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# int8: the model as llama.cpp computes it on a CPU, GGUF blocks times int8 activations (kernels.QuantWeight);
-# matrices without readable blocks (other GGUF types, Hugging Face folders) are requantized to Q8_0.
-QUANTIZED = {"int8"}
+# int8: the model as llama.cpp computes it on a CPU, the file's own GGUF blocks times int8 activations
+# (kernels.QuantWeight); a matrix whose blocks the int8 kernel does not read (F16, BF16, F32, other types, every
+# matrix of a Hugging Face folder) is refused at load. q8_0: the same, those matrices quantized to Q8_0 at load,
+# said on stderr: another model than the file's, so only on request (drafts, whose precision decides nothing, too).
+QUANTIZED = {"int8", "q8_0"}
 LAYER_MATRICES = ("qkv", "out_proj", "gate_up", "down")
 # v2: every block type either kernel reads (v1 kept only the float32 kernel's, without Q5_0).
 BLOCKS_FILE = "gguf_blocks-v2.safetensors"
@@ -38,11 +40,13 @@ class LoadedModel:
     dtype: str
     load_seconds: float
     gguf_blocks: int = 0  # matrices whose decode steps read the GGUF blocks (float32 results, fewer bytes)
+    requantized: int = 0  # int8 matrices quantized to Q8_0 at load (--precision q8_0), not the file's own blocks
 
     @property
     def precision(self) -> str:
         if self.dtype == "int8":
-            return "int8 (GGUF blocks x int8 activations)"
+            quantized = f"; {self.requantized} matrices quantized to Q8_0 at load" if self.requantized else ""
+            return f"int8 (GGUF blocks x int8 activations{quantized})"
         return f"{self.dtype}, from GGUF blocks" if self.gguf_blocks else self.dtype
 
     @property
@@ -214,17 +218,41 @@ def _matrix_keys(config: ModelConfig) -> list[str]:
     return [f"layers.{i}.{name}" for i in range(config.n_layers) for name in LAYER_MATRICES] + ["lm_head"]
 
 
-def _load_gguf_int8(gguf_path: Path, folder: Path, device, max_positions) -> Transformer:
-    """The int8 model: each matrix from its GGUF blocks where the int8 kernel reads every part, else its
-    converted float32 weights requantized to Q8_0. Float32 matrices are read only where needed."""
+def _load_gguf_int8(gguf_path: Path, folder: Path, device, max_positions, requantize: bool) -> tuple[Transformer, int]:
+    """The int8 model and how many matrices were requantized: each matrix from its GGUF blocks where the int8 kernel
+    reads every part, else (requantize only) its converted float32 weights quantized to Q8_0. Float32 matrices are
+    read only where needed."""
+    from .gguf_loader import matrix_types, open_gguf
+
     config = ModelConfig(**json.loads((folder / "config.json").read_text()))
     blocks = {key: parts for key, parts in _read_blocks(gguf_path, folder, config).items()
               if all(t in kernels.QUANT_KERNEL_TYPES for t, _ in parts)}
+    unread = [key for key in _matrix_keys(config) if key not in blocks]
+    if unread:  # the header is parsed again only here, to name the types
+        types = matrix_types(config, open_gguf(gguf_path))
+        _refuse_or_report(gguf_path.name, [t for key in unread for t in types[key]], len(unread), requantize)
     # A tied head's blocks replace no parameter: the float32 embedding stays for lookups.
     skip = frozenset(blocks) - ({"lm_head"} if config.tie_embeddings else set())
     model = _load_converted(folder, device, torch.float32, max_positions, skip=skip)
     _to_quant_weights(model, blocks)
-    return model
+    return model, len(unread)
+
+
+def _refuse_or_report(source: str, types: list[str], matrices: int, requantize: bool) -> None:
+    """Matrices the int8 kernel cannot read as they are: one line refusing them (int8), or one line saying they are
+    being quantized to Q8_0 (q8_0, asked for)."""
+    from collections import Counter
+
+    import gguf
+
+    counts = ", ".join(f"{count} {name}" for name, count in sorted(Counter(types).items()))
+    if not requantize:
+        readable = ", ".join(gguf.GGMLQuantizationType(t).name for t in sorted(kernels.QUANT_KERNEL_TYPES))
+        raise ModelError(f"{source}: {matrices} matrices hold blocks the int8 kernel does not read ({counts} tensors;"
+                         f" it reads {readable}); run --precision float32 (the file's weights exactly) or --precision"
+                         " q8_0 (those matrices quantized to Q8_0 at load)")
+    print(f"specdecode: {source}: quantizing {matrices} matrices ({counts} tensors) to Q8_0 at load (--precision q8_0)",
+          file=sys.stderr)
 
 
 def _to_quant_weights(model: Transformer, blocks: dict | None = None) -> None:
@@ -243,7 +271,7 @@ def _to_quant_weights(model: Transformer, blocks: dict | None = None) -> None:
 
 
 def _finish_native(model: Transformer, weight_dtype: torch.dtype, quantize: str | None = None) -> Transformer:
-    if quantize == "int8" and not isinstance(model.layers[0].qkv, kernels.QuantWeight):
+    if quantize and not isinstance(model.layers[0].qkv, kernels.QuantWeight):
         _to_quant_weights(model)
     elif weight_dtype != torch.float32 and model.lm_head is None:
         # Embedding lookups stay float32; the output layer gets its own low-precision copy.
@@ -269,44 +297,60 @@ def load_model(
         _check_gguf_header(path)  # a bad file is reported before the kernel is compiled for it
         folder = convert_gguf(path)
     dtype = _available_precision(dtype, device)
-    if dtype == "int8":
+    if dtype in QUANTIZED:
         kernels.check_quant_isa()  # an instruction set this CPU lacks fails here, not in every request
-    quantize = dtype if dtype in QUANTIZED else None
-    weight_dtype = torch.float32 if quantize else DTYPES[dtype]
-    blocks = 0
     name = name_or_path if name_or_path in registry.REGISTRY else path.name
     if path.is_file():
         if backend == "transformers":
             raise ModelError("the transformers backend needs a Hugging Face folder, not a GGUF file")
-        config = ModelConfig(**json.loads((folder / "config.json").read_text()))
-        positions = min(max_context or config.context_length, config.context_length)
-        if quantize == "int8":
-            model = _finish_native(_load_gguf_int8(path, folder, device, positions), weight_dtype, quantize)
-        else:
-            model = _finish_native(_load_converted(folder, device, weight_dtype, positions), weight_dtype, quantize)
-        blocks = _attach_blocks(model, path, folder) if dtype == "float32" and kernels.gguf_blocks_enabled(device) else 0
-        tokenizer = Tokenizer.from_hf(_load_hf_tokenizer(folder / "tokenizer"))
+        model, tokenizer, blocks, requantized = _load_gguf_native(path, folder, device, dtype, max_context)
         used_backend = "native"
     elif path.is_dir():
-        from .hf_loader import config_from_hf, is_native_arch, load_hf_native, read_hf_config
-
-        hf_config = read_hf_config(path)
-        tokenizer = Tokenizer.from_hf(_load_hf_tokenizer(path))
-        if backend != "transformers" and is_native_arch(hf_config):
-            config = config_from_hf(hf_config)
-            positions = min(max_context or config.context_length, config.context_length)
-            model = _finish_native(load_hf_native(path, device, weight_dtype, positions), weight_dtype, quantize)
-            used_backend = "native"
-        elif backend == "native":
-            architecture_of_hf(hf_config.get("model_type"))  # raises: names the architectures the native decoder covers
-        else:
-            if quantize:
-                raise UnsupportedDtype(f"dtype '{dtype}' needs the native decoder; '{hf_config.get('model_type')}' runs through transformers")
-            model = _load_transformers(path, hf_config, device, weight_dtype, max_context)
-            used_backend = "transformers"
+        model, tokenizer, used_backend, requantized = _load_folder(path, device, dtype, max_context, backend)
+        blocks = 0
     else:
         raise ModelError(f"model path not found: {path}")
-    return LoadedModel(name, path, model, tokenizer, used_backend, dtype, time.perf_counter() - started, blocks)
+    stored = "int8" if dtype in QUANTIZED else dtype  # q8_0 is int8 arithmetic; `requantized` says what differs
+    return LoadedModel(name, path, model, tokenizer, used_backend, stored, time.perf_counter() - started, blocks, requantized)
+
+
+def _load_gguf_native(path: Path, folder: Path, device, dtype: str, max_context):
+    """(model, tokenizer, matrices reading GGUF blocks in float32, matrices requantized to Q8_0) of a converted file."""
+    config = ModelConfig(**json.loads((folder / "config.json").read_text()))
+    positions = min(max_context or config.context_length, config.context_length)
+    requantized = 0
+    if dtype in QUANTIZED:
+        model, requantized = _load_gguf_int8(path, folder, device, positions, requantize=dtype == "q8_0")
+        model = _finish_native(model, torch.float32, dtype)
+    else:
+        model = _finish_native(_load_converted(folder, device, DTYPES[dtype], positions), DTYPES[dtype])
+    blocks = _attach_blocks(model, path, folder) if dtype == "float32" and kernels.gguf_blocks_enabled(device) else 0
+    return model, Tokenizer.from_hf(_load_hf_tokenizer(folder / "tokenizer")), blocks, requantized
+
+
+def _load_folder(path: Path, device, dtype: str, max_context, backend: str):
+    """(model, tokenizer, backend, matrices requantized to Q8_0) of a Hugging Face folder. Its matrices are float
+    weights, so int8 is refused and q8_0 quantizes every one of them."""
+    from .hf_loader import config_from_hf, is_native_arch, load_hf_native, read_hf_config
+
+    hf_config = read_hf_config(path)
+    tokenizer = Tokenizer.from_hf(_load_hf_tokenizer(path))
+    quantize = dtype if dtype in QUANTIZED else None
+    weight_dtype = torch.float32 if quantize else DTYPES[dtype]
+    if backend != "transformers" and is_native_arch(hf_config):
+        config = config_from_hf(hf_config)
+        requantized = len(_matrix_keys(config)) if quantize else 0
+        if quantize:
+            stored = str(hf_config.get("dtype") or hf_config.get("torch_dtype") or "float")
+            _refuse_or_report(path.name, [stored] * requantized, requantized, quantize == "q8_0")
+        positions = min(max_context or config.context_length, config.context_length)
+        model = _finish_native(load_hf_native(path, device, weight_dtype, positions), weight_dtype, quantize)
+        return model, tokenizer, "native", requantized
+    if backend == "native":
+        architecture_of_hf(hf_config.get("model_type"))  # raises: names the architectures the native decoder covers
+    if quantize:
+        raise UnsupportedDtype(f"dtype '{dtype}' needs the native decoder; '{hf_config.get('model_type')}' runs through transformers")
+    return _load_transformers(path, hf_config, device, weight_dtype, max_context), tokenizer, "transformers", 0
 
 
 def prepare_model_file(name_or_path: str) -> Path:
@@ -321,7 +365,7 @@ def prepare_model_file(name_or_path: str) -> Path:
 
 def _available_precision(dtype: str, device: torch.device) -> str:
     """int8 where its CPU kernel runs; elsewhere (a GPU, no compiler) the same model in float32."""
-    if dtype == "int8" and (device.type != "cpu" or kernels.load_kernel() is None):
+    if dtype in QUANTIZED and (device.type != "cpu" or kernels.load_kernel() is None):
         where = f"on {device.type}" if device.type != "cpu" else kernels.kernel_status()
         print(f"specdecode: int8 precision needs the CPU kernel ({where}); loading float32", file=sys.stderr)
         return "float32"

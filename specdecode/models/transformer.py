@@ -208,6 +208,8 @@ class Transformer(nn.Module):
         # logits are computed for these token ids only and every other id gets -inf.
         self.vocab_subset: torch.Tensor | None = None
         self._subset_head: torch.Tensor | None = None
+        # A draft whose embedding has padding rows its target lacks: ids from here on get -inf (never proposed).
+        self.vocab_limit: int | None = None
 
     @property
     def device(self) -> torch.device:
@@ -228,6 +230,9 @@ class Transformer(nn.Module):
         token_ids = token_ids.to(self.device, torch.long)
         self.vocab_subset = token_ids
         self._subset_head = self.output_weight().index_select(0, token_ids).contiguous()
+
+    def set_vocab_limit(self, limit: int | None) -> None:
+        self.vocab_limit = limit if limit is not None and limit < self.config.vocab_size else None
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.config
@@ -306,11 +311,14 @@ class Transformer(nn.Module):
         """Final norm and output layer of the rows in x: [T, hidden] -> [T, vocab]."""
         x = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
         if self._subset_head is None:
-            return self._softcap(kernels.linear(x, self.output_weight()))
-        partial = self._softcap(kernels.linear(x, self._subset_head))
-        full = torch.full((x.shape[0], self.config.vocab_size), float("-inf"), device=x.device)
-        full[:, self.vocab_subset] = partial
-        return full
+            logits = self._softcap(kernels.linear(x, self.output_weight()))
+        else:
+            partial = self._softcap(kernels.linear(x, self._subset_head))
+            logits = torch.full((x.shape[0], self.config.vocab_size), float("-inf"), device=x.device)
+            logits[:, self.vocab_subset] = partial
+        if self.vocab_limit is not None:
+            logits[:, self.vocab_limit :] = float("-inf")
+        return logits
 
     @property
     def batch_rows(self) -> int:

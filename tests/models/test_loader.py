@@ -3,6 +3,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from specdecode.errors import ModelError
+from specdecode.models.config import SUPPORTED_ARCHS
 from specdecode.models.gguf_loader import load_gguf_model
 from specdecode.models.loader import load_model
 from specdecode.models.transformer import Transformer
@@ -124,6 +126,12 @@ def write_gguf(path, model: Transformer, arch_name=None, skip=(), quant=None, to
         q, k, v = layer.qkv.split((c.q_size, c.kv_size, c.kv_size))
         add(p + "attn_norm.weight", layer.attn_norm)
         add(p + "ffn_norm.weight", layer.mlp_norm)
+        if c.architecture.fused_qkv:  # Phi-3, as llama.cpp's converter writes it: one attn_qkv, one ffn_up (gate|up)
+            add(p + "attn_qkv.weight", layer.qkv)
+            add(p + "attn_output.weight", layer.out_proj)
+            add(p + "ffn_up.weight", layer.gate_up)
+            add(p + "ffn_down.weight", layer.down)
+            continue
         add(p + "attn_q.weight", qk(q, c.n_heads))
         add(p + "attn_k.weight", qk(k, c.n_kv_heads))
         add(p + "attn_v.weight", v)
@@ -209,7 +217,7 @@ def test_gguf_blocks_reproduce_the_float32_model_bit_for_bit(tmp_path, config, q
 
 def test_gguf_of_an_unsupported_architecture(tmp_path, private_cache):
     path = write_gguf(tmp_path / "gpt2.gguf", make_tiny_model(seed=61), arch_name="gpt2", tokenizer=True)
-    supported = r"unsupported architecture 'gpt2' \(the native decoder covers llama, qwen2, qwen3, mistral, gemma3\)"
+    supported = r"unsupported architecture 'gpt2' \(the native decoder covers " + re.escape(", ".join(SUPPORTED_ARCHS)) + r"\)"
     with pytest.raises(ModelError, match=supported):
         load_gguf_model(path, "cpu", torch.float32, None)
     with pytest.raises(ModelError, match=supported):  # what the CLI prints as one line, converting nothing
@@ -633,3 +641,43 @@ def test_the_real_tiny_model_decodes_from_its_gguf_blocks_with_float32_outputs(s
 
     for with_blocks, float32_only in zip(run(True), run(False)):
         assert torch.equal(with_blocks, float32_only)
+
+
+# --------------------------------------------------------------------------- unsupported files, as a user meets them
+def _unsupported_files(folder):
+    """(file, what the one error line must say) for an unknown architecture, longrope and blocks int8 cannot read."""
+    import numpy as np
+
+    def longrope(writer):
+        writer.add_tensor("rope_factors_long.weight", np.full(8, 2.0, dtype=np.float32))
+
+    return [
+        (write_gguf(folder / "gpt2.gguf", make_tiny_model(seed=61), arch_name="gpt2", tokenizer=True),
+         r"unsupported architecture 'gpt2' \(the native decoder covers " + re.escape(", ".join(SUPPORTED_ARCHS))),
+        (write_gguf(folder / "phi3-longrope.gguf", make_tiny_model(seed=62, arch="phi3", n_kv_heads=4), tokenizer=True,
+                    extra_kv=longrope), r"unsupported rope scaling 'longrope'.*covers llama3, linear and yarn"),
+        (write_gguf(folder / "f32.gguf", make_tiny_model(seed=63), tokenizer=True),
+         r"9 matrices hold blocks the int8 kernel does not read \(15 F32 tensors; it reads Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,"
+         r" Q6_K\); run --precision float32 .* or --precision q8_0"),
+    ]
+
+
+def test_generate_on_an_unsupported_file_prints_one_line_naming_what_is_supported(tmp_path):
+    import subprocess
+    import sys
+
+    from specdecode import kernels
+
+    from specdecode.registry import cache_dir
+
+    (tmp_path / "cache").mkdir()  # conversions go there; the compiled kernel is the real cache's (not rebuilt)
+    (tmp_path / "cache" / "kernels").symlink_to(cache_dir() / "kernels")
+    env = {**os.environ, "SPECDECODE_CACHE": str(tmp_path / "cache")}
+    for path, expected in _unsupported_files(tmp_path):
+        if "int8 kernel" in expected and kernels.load_kernel() is None:
+            continue
+        result = subprocess.run([sys.executable, "-m", "specdecode.cli", "generate", "hi", "--model", str(path), "--draft",
+                                 "none", "--max-new-tokens", "2"], capture_output=True, text=True, timeout=600, env=env)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.returncode == 2 and "Traceback" not in result.stderr and len(errors) == 1, result.stderr
+        assert re.search(expected, errors[0]), (path.name, result.stderr)
