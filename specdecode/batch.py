@@ -3,7 +3,8 @@
 Each step packs, for every running request, its verify block (its last token plus its own draft) and,
 within a row budget, a chunk of a newly admitted prompt into one `Transformer.forward_batch`: one call per
 weight matrix over all rows, attention per request over its own cache. Requests join and leave between
-passes. Every request runs in a `Slot` of its own (a target cache, the drafters that keep per-sequence
+passes. The draft model, where requests draft with it, runs one pass per draft position for all of them
+(batch_draft.py). Every request runs in a `Slot` of its own (a target cache, the drafters that keep per-sequence
 state) and is judged on its own rows only; the kernels compute each row from its own inputs and position
 alone, so a request's tokens are those it gets running by itself (greedy and seeded sampling alike), however
 many others share its passes and whenever they arrive.
@@ -18,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
+from .batch_draft import draft_together
 from .batch_plan import trim_drafts
 from .drafters.base import Drafter
 from .drafters.draft_model import common_prefix_len
@@ -91,6 +93,7 @@ class BatchEngine:
         self.waiting: deque[Ticket] = deque()
         self.running: list[Ticket] = []
         self.passes = 0
+        self.draft_passes = 0  # the draft model's passes, each for every request drafting with it
         self.last_rows = self.last_batch = 0  # rows and requests of the latest pass (metrics)
 
     # ------------------------------------------------------------------ the public face
@@ -141,8 +144,8 @@ class BatchEngine:
         """Admit what fits, then one target pass for every running request. Returns the pass's rows."""
         self._admit()
         decoding = [t for t in self.running if not t.pending]
-        for ticket in decoding:
-            self._plan(ticket)
+        proposals = [(t.generation, steps) for t in decoding if (steps := self._plan(t)) is not None]
+        self.draft_passes += draft_together(proposals)  # the draft model's passes for all of them at once
         planned = [t for t in decoding if not t.finished]
         reads = self._prompt_chunks(planned)
         if len(planned) > 1:  # alone, a request drafts exactly as Engine.stream would
@@ -190,12 +193,15 @@ class BatchEngine:
                 reads.append((ticket, chunk))
         return reads
 
-    def _plan(self, ticket: Ticket) -> None:
+    def _plan(self, ticket: Ticket):
+        """The request's proposal for this pass (batch_draft.py runs them together); None when it ends instead."""
         generation = ticket.generation
         if ticket.cancelled:
             return self._emit(ticket, generation.end_now("cancelled"))
-        if generation.plan() is None:
+        proposal = generation.plan_steps()
+        if proposal is None:
             self._emit(ticket, generation.end_now("length"))
+        return proposal
 
     def _emit(self, ticket: Ticket, event: StreamEvent) -> None:
         ticket.events.append(event)
