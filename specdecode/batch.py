@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
 from .batch_draft import draft_together
@@ -25,8 +25,10 @@ from .drafters.base import Drafter
 from .drafters.draft_model import common_prefix_len
 from .drafters.registry import build_drafter
 from .engine import Engine, GenerationResult, Request, collect_result
+from .errors import InputError
 from .generation import Generation, StreamEvent
 from .models.transformer import Segment
+from .sampling import SamplingParams
 
 
 class Slot:
@@ -65,6 +67,9 @@ class Ticket:
     error: Exception | None = None
     cancelled: bool = False
     reused: int | None = None  # prompt tokens its cache already held (the same client's), once started
+    group: object = None  # the choices of one request (submit_choices) share their prompt whatever the namespace
+    donor: "Ticket | None" = None  # a running request reading the same prompt prefix: copied from it, not read again
+    shared: int = 0  # prompt tokens to copy from the donor once it holds them
 
     @property
     def finished(self) -> bool:
@@ -102,6 +107,25 @@ class BatchEngine:
         ticket = Ticket(self.engine.request(prompt, **settings), on_event)
         self.waiting.append(ticket)
         return ticket
+
+    def submit_choices(self, prompt, n: int, on_event=None, **settings) -> list[Ticket]:
+        """n answers to one prompt (OpenAI's `n`), side by side in the batch. Choice i samples with
+        `sampling.for_choice(i)` (seed + i; greedy choices are all the same answer), so it equals the request
+        alone with that seed. The prompt is read once: the other choices copy its keys and values."""
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.max_batch:
+            raise InputError(f"n must be an integer in 1..{self.max_batch} (the batch size), got {n!r}")
+        sampling = settings.pop("sampling", None) or SamplingParams()
+        request = self.engine.request(prompt, sampling=sampling, **settings)
+        group = object()
+        tickets = [Ticket(replace(request, sampling=sampling.for_choice(i)), on_event, group=group) for i in range(n)]
+        self.waiting.extend(tickets)
+        return tickets
+
+    def generate_choices(self, prompt, n: int, **settings) -> list[GenerationResult]:
+        """n answers to one prompt (see submit_choices), in choice order."""
+        tickets = self.submit_choices(prompt, n, **settings)
+        self.run()
+        return [ticket.result() for ticket in tickets]
 
     def cancel(self, ticket: Ticket) -> None:
         """End the request at the next pass (finish_reason "cancelled"), or drop it if it has not started."""
@@ -143,6 +167,7 @@ class BatchEngine:
     def step(self) -> int:
         """Admit what fits, then one target pass for every running request. Returns the pass's rows."""
         self._admit()
+        self._share_prompts()
         decoding = [t for t in self.running if not t.pending]
         proposals = [(t.generation, steps) for t in decoding if (steps := self._plan(t)) is not None]
         self.draft_passes += draft_together(proposals)  # the draft model's passes for all of them at once
@@ -187,7 +212,7 @@ class BatchEngine:
             if ticket.cancelled:
                 self._emit(ticket, ticket.generation.end_now("cancelled"))
                 continue
-            if budget > 0:
+            if budget > 0 and ticket.donor is None:  # (one waiting for a donor's prompt reads nothing meanwhile)
                 chunk, ticket.pending = ticket.pending[:budget], ticket.pending[budget:]
                 budget -= len(chunk)
                 reads.append((ticket, chunk))
@@ -257,5 +282,48 @@ class BatchEngine:
         ticket.generation = self.engine.new_generation(request, slot, drafter)
         ticket.pending = ticket.generation.reuse_prefix()
         ticket.reused = len(request.prompt_ids) - 1 - len(ticket.pending)
+        ticket.donor, ticket.shared = self._donor_for(ticket)
         if not ticket.pending:
             self.engine.prefilled(ticket.generation)
+
+    # ------------------------------------------------------------------ a prompt read once for several requests
+    def _may_share(self, a: Ticket, b: Ticket) -> bool:
+        """Choices of one request, or requests of one client (a prefix another client's request computed must
+        cost the same as none, as in _free_slot)."""
+        if a.group is not None and a.group is b.group:
+            return True
+        return a.request.namespace is not None and a.request.namespace == b.request.namespace
+
+    def _donor_for(self, ticket: Ticket) -> tuple[Ticket | None, int]:
+        """The running request whose prompt shares the longest prefix with this one's, where that is more than
+        this one's slot already holds: (donor, tokens to copy), or (None, 0)."""
+        prompt = list(ticket.request.prompt_ids[:-1])
+        best, best_len = None, len(prompt) - len(ticket.pending)
+        for other in self.running:
+            if other is not ticket and self._may_share(ticket, other):
+                shared = common_prefix_len(list(other.request.prompt_ids[:-1]), prompt)
+                if shared > best_len:
+                    best, best_len = other, shared
+        return (best, best_len) if best is not None else (None, 0)
+
+    def _share_prompts(self) -> None:
+        """Requests waiting on a donor take its prompt's keys and values once it holds them (the rows are those
+        they would compute: every row depends on its own tokens and position only); a donor that ended first
+        leaves them to read on their own."""
+        for ticket in self.running:
+            donor = ticket.donor
+            if donor is None or ticket.finished:
+                continue
+            if donor.finished or donor not in self.running:
+                ticket.donor = None
+                continue
+            prompt = list(ticket.request.prompt_ids[:-1])
+            if common_prefix_len(donor.slot.cached_ids, prompt[: ticket.shared]) < ticket.shared:
+                continue  # the donor has not read that far yet
+            slot = ticket.slot
+            slot.cache.copy_prefix(donor.slot.cache, ticket.shared)
+            slot.cached_ids = prompt[: ticket.shared]
+            ticket.reused += ticket.shared - (len(prompt) - len(ticket.pending))
+            ticket.pending, ticket.donor = prompt[ticket.shared :], None
+            if not ticket.pending:
+                self.engine.prefilled(ticket.generation)
