@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..build import build_engine
 from ..errors import InputError
+from .choices import ChoicesStreamingResponse, check_choices, joined_body, run_choices, stream_end
 from .exposure import LOOPBACK, ApiKeys, ExposureGuard, default_allowed_hosts, load_api_keys, parse_api_keys
 from .local import LocalBackend
 from .logprobs import chat_logprobs, completion_logprobs
@@ -313,8 +314,26 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
         key_id = check_api_key(request)
         body = await read_body(request)
         gen = parse_chat(body) if kind == "chat" else parse_completion(body)
+        if gen.n > 1:
+            return await generate_choices(request, gen, key_id)
         return await run_generation(request, gen, key_id, lambda ticket, watch: collect(ticket, gen, watch),
                                     lambda ticket: stream_chunks(ticket, gen))
+
+    async def generate_choices(request: Request, gen: GenerationRequest, key_id: str):
+        """n > 1 (choices.py): the choices run side by side, each its own generation; one response joins them."""
+        check_model(gen.model)
+        check_choices(gen, backend.max_batch)
+        response_id, obj = ids(gen.kind)
+        usages: list[dict] = []  # each streamed choice's usage, as it finishes
+        parts = await run_choices(gen, lambda index, one: run_generation(
+            request, one, key_id, lambda ticket, watch: collect(ticket, one, watch),
+            lambda ticket: stream_chunks(ticket, one, index, response_id, usages)))
+        if not gen.stream:
+            bad = next((part for part in parts if not isinstance(part, dict)), None)  # a client gone: 499
+            return bad if bad is not None else joined_body(parts)
+        head = {"id": response_id, "object": "chat.completion.chunk" if gen.kind == "chat" else obj, "model": model_name}
+        return ChoicesStreamingResponse(parts, lambda: stream_end(gen, head, usages), media_type="text/event-stream",
+                                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def run_generation(request: Request, gen: GenerationRequest, key_id: str, answer, stream):
         """Queue `gen`, wait for its start, then answer: `await answer(ticket, watch)` (a JSON body) or, for a
@@ -369,8 +388,11 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                 "choices": [choice], "usage": _usage(step.stats, expose_timings), "system_fingerprint": None,
                 "specdecode": extension}
 
-    async def stream_chunks(ticket, gen: GenerationRequest):
-        response_id, _ = ids(gen.kind)
+    async def stream_chunks(ticket, gen: GenerationRequest, index: int = 0, response_id: str | None = None,
+                            usages: list | None = None):
+        """The answer's server-sent events. For one choice of several (usages given): its chunks carry its index,
+        its usage goes to `usages` at the end, and the joined stream (choices.py) sends the usage and [DONE]."""
+        response_id = response_id or ids(gen.kind)[0]
         obj = "chat.completion.chunk" if gen.kind == "chat" else "text_completion"
         created_at = int(time.time())
 
@@ -382,9 +404,9 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
             if gen.kind == "chat":
                 if delta is None:
                     delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-                choice = {"index": 0, "delta": delta, "logprobs": described, "finish_reason": finish_reason}
+                choice = {"index": index, "delta": delta, "logprobs": described, "finish_reason": finish_reason}
             else:
-                choice = {"index": 0, "text": text or "", "logprobs": described, "finish_reason": finish_reason}
+                choice = {"index": index, "text": text or "", "logprobs": described, "finish_reason": finish_reason}
             payload = {"id": response_id, "object": obj, "created": created_at, "model": model_name,
                        "system_fingerprint": None, "choices": [choice]}
             if extra:
@@ -406,8 +428,10 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                                     "pieces": step.pieces, "stats": client_stats(step.stats, expose_timings)}}
             if step.replica is not None:
                 extra["specdecode"]["replica"] = step.replica
-            if step.finished:
+            if step.finished and usages is None:
                 extra["usage"] = _usage(step.stats, expose_timings)
+            elif step.finished:
+                usages.append(_usage(step.stats, expose_timings))
             if calls is not None:  # text outside calls as content, each call as tool_calls deltas
                 deltas = calls.feed(step.text) + (calls.finish() if step.finished else [])
                 reason = finish_reason(step.finish_reason, len(calls.completed)) if step.finished else None
@@ -418,13 +442,14 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                 yield _sse(chunk(step.text if step.text or not step.finished else None,
                                  step.finish_reason if step.finished else None, extra, logprobs=step.logprobs))
             if step.finished:
-                if gen.include_usage:
+                if gen.include_usage and usages is None:
                     usage_chunk = chunk(None)
                     usage_chunk["choices"] = []
                     usage_chunk["usage"] = _usage(step.stats, expose_timings)
                     yield _sse(usage_chunk)
                 break
-        yield "data: [DONE]\n\n"
+        if usages is None:
+            yield "data: [DONE]\n\n"
 
     register_responses(app, ChatHost(model_name, check_api_key, read_body, namespace_of, run_generation, gather_steps))
 
