@@ -331,7 +331,8 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
         if not gen.stream:
             bad = next((part for part in parts if not isinstance(part, dict)), None)  # a client gone: 499
             return bad if bad is not None else joined_body(parts)
-        head = {"id": response_id, "object": "chat.completion.chunk" if gen.kind == "chat" else obj, "model": model_name}
+        chunk_kind = "chat.completion.chunk" if gen.kind == "chat" else obj
+        head = {"id": response_id, "object": chunk_kind, "model": model_name}
         return ChoicesStreamingResponse(parts, lambda: stream_end(gen, head, usages), media_type="text/event-stream",
                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

@@ -74,7 +74,8 @@ def joined_body(bodies: list[dict]) -> dict:
 def stream_end(gen: GenerationRequest, head: dict, usages: list[dict]):
     """The joined stream's last events: the usage of every choice (where asked for), then [DONE]."""
     if gen.include_usage and len(usages) == gen.n:
-        chunk = {**head, "created": int(time.time()), "system_fingerprint": None, "choices": [], "usage": sum_usage(usages)}
+        chunk = {**head, "created": int(time.time()), "system_fingerprint": None, "choices": [],
+                 "usage": sum_usage(usages)}
         yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
     yield "data: [DONE]\n\n"
 

@@ -3,7 +3,8 @@
 The HTTP layer (app.py) talks to a backend through a small interface, so the same routes, errors and
 streaming serve one engine here or many replicas on a Ray cluster (cluster.py):
 
-    backend.drafters, backend.default_drafter, backend.max_context, backend.max_batch (the most choices a request may ask)
+    backend.drafters, backend.default_drafter, backend.max_context
+    backend.max_batch                                      # the most choices (n) one request may ask
     await backend.start() / await backend.stop()          # the app's lifespan
     ticket = await backend.submit(request, user_key, namespace)  # raises ApiError: 400, 429 (queue full), 503
     await ticket.next()   # ("start", prompt_tokens) | ("step", Step) | ("error", ApiError); a Step ends with finished
