@@ -3,7 +3,8 @@
 Each step packs, for every running request, its verify block (its last token plus its own draft) and,
 within a row budget, a chunk of a newly admitted prompt into one `Transformer.forward_batch`: one call per
 weight matrix over all rows, attention per request over its own cache. Requests join and leave between
-passes. Every request runs in a `Slot` of its own (a target cache, the drafters that keep per-sequence
+passes. The draft model, where requests draft with it, runs one pass per draft position for all of them
+(batch_draft.py). Every request runs in a `Slot` of its own (a target cache, the drafters that keep per-sequence
 state) and is judged on its own rows only; the kernels compute each row from its own inputs and position
 alone, so a request's tokens are those it gets running by itself (greedy and seeded sampling alike), however
 many others share its passes and whenever they arrive.
@@ -15,16 +16,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
+from .batch_draft import draft_together
 from .batch_plan import trim_drafts
 from .drafters.base import Drafter
 from .drafters.draft_model import common_prefix_len
 from .drafters.registry import build_drafter
 from .engine import Engine, GenerationResult, Request, collect_result
+from .errors import InputError
 from .generation import Generation, StreamEvent
 from .models.transformer import Segment
+from .sampling import SamplingParams
 
 
 class Slot:
@@ -63,6 +67,9 @@ class Ticket:
     error: Exception | None = None
     cancelled: bool = False
     reused: int | None = None  # prompt tokens its cache already held (the same client's), once started
+    group: object = None  # the choices of one request (submit_choices) share their prompt whatever the namespace
+    donor: "Ticket | None" = None  # a running request reading the same prompt prefix: copied from it, not read again
+    shared: int = 0  # prompt tokens to copy from the donor once it holds them
 
     @property
     def finished(self) -> bool:
@@ -91,6 +98,7 @@ class BatchEngine:
         self.waiting: deque[Ticket] = deque()
         self.running: list[Ticket] = []
         self.passes = 0
+        self.draft_passes = 0  # the draft model's passes, each for every request drafting with it
         self.last_rows = self.last_batch = 0  # rows and requests of the latest pass (metrics)
 
     # ------------------------------------------------------------------ the public face
@@ -99,6 +107,25 @@ class BatchEngine:
         ticket = Ticket(self.engine.request(prompt, **settings), on_event)
         self.waiting.append(ticket)
         return ticket
+
+    def submit_choices(self, prompt, n: int, on_event=None, **settings) -> list[Ticket]:
+        """n answers to one prompt (OpenAI's `n`), side by side in the batch. Choice i samples with
+        `sampling.for_choice(i)` (seed + i; greedy choices are all the same answer), so it equals the request
+        alone with that seed. The prompt is read once: the other choices copy its keys and values."""
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.max_batch:
+            raise InputError(f"n must be an integer in 1..{self.max_batch} (the batch size), got {n!r}")
+        sampling = settings.pop("sampling", None) or SamplingParams()
+        request = self.engine.request(prompt, sampling=sampling, **settings)
+        group = object()
+        tickets = [Ticket(replace(request, sampling=sampling.for_choice(i)), on_event, group=group) for i in range(n)]
+        self.waiting.extend(tickets)
+        return tickets
+
+    def generate_choices(self, prompt, n: int, **settings) -> list[GenerationResult]:
+        """n answers to one prompt (see submit_choices), in choice order."""
+        tickets = self.submit_choices(prompt, n, **settings)
+        self.run()
+        return [ticket.result() for ticket in tickets]
 
     def cancel(self, ticket: Ticket) -> None:
         """End the request at the next pass (finish_reason "cancelled"), or drop it if it has not started."""
@@ -140,9 +167,10 @@ class BatchEngine:
     def step(self) -> int:
         """Admit what fits, then one target pass for every running request. Returns the pass's rows."""
         self._admit()
+        self._share_prompts()
         decoding = [t for t in self.running if not t.pending]
-        for ticket in decoding:
-            self._plan(ticket)
+        proposals = [(t.generation, steps) for t in decoding if (steps := self._plan(t)) is not None]
+        self.draft_passes += draft_together(proposals)  # the draft model's passes for all of them at once
         planned = [t for t in decoding if not t.finished]
         reads = self._prompt_chunks(planned)
         if len(planned) > 1:  # alone, a request drafts exactly as Engine.stream would
@@ -184,18 +212,21 @@ class BatchEngine:
             if ticket.cancelled:
                 self._emit(ticket, ticket.generation.end_now("cancelled"))
                 continue
-            if budget > 0:
+            if budget > 0 and ticket.donor is None:  # (one waiting for a donor's prompt reads nothing meanwhile)
                 chunk, ticket.pending = ticket.pending[:budget], ticket.pending[budget:]
                 budget -= len(chunk)
                 reads.append((ticket, chunk))
         return reads
 
-    def _plan(self, ticket: Ticket) -> None:
+    def _plan(self, ticket: Ticket):
+        """The request's proposal for this pass (batch_draft.py runs them together); None when it ends instead."""
         generation = ticket.generation
         if ticket.cancelled:
             return self._emit(ticket, generation.end_now("cancelled"))
-        if generation.plan() is None:
+        proposal = generation.plan_steps()
+        if proposal is None:
             self._emit(ticket, generation.end_now("length"))
+        return proposal
 
     def _emit(self, ticket: Ticket, event: StreamEvent) -> None:
         ticket.events.append(event)
@@ -251,5 +282,48 @@ class BatchEngine:
         ticket.generation = self.engine.new_generation(request, slot, drafter)
         ticket.pending = ticket.generation.reuse_prefix()
         ticket.reused = len(request.prompt_ids) - 1 - len(ticket.pending)
+        ticket.donor, ticket.shared = self._donor_for(ticket)
         if not ticket.pending:
             self.engine.prefilled(ticket.generation)
+
+    # ------------------------------------------------------------------ a prompt read once for several requests
+    def _may_share(self, a: Ticket, b: Ticket) -> bool:
+        """Choices of one request, or requests of one client (a prefix another client's request computed must
+        cost the same as none, as in _free_slot)."""
+        if a.group is not None and a.group is b.group:
+            return True
+        return a.request.namespace is not None and a.request.namespace == b.request.namespace
+
+    def _donor_for(self, ticket: Ticket) -> tuple[Ticket | None, int]:
+        """The running request whose prompt shares the longest prefix with this one's, where that is more than
+        this one's slot already holds: (donor, tokens to copy), or (None, 0)."""
+        prompt = list(ticket.request.prompt_ids[:-1])
+        best, best_len = None, len(prompt) - len(ticket.pending)
+        for other in self.running:
+            if other is not ticket and self._may_share(ticket, other):
+                shared = common_prefix_len(list(other.request.prompt_ids[:-1]), prompt)
+                if shared > best_len:
+                    best, best_len = other, shared
+        return (best, best_len) if best is not None else (None, 0)
+
+    def _share_prompts(self) -> None:
+        """Requests waiting on a donor take its prompt's keys and values once it holds them (the rows are those
+        they would compute: every row depends on its own tokens and position only); a donor that ended first
+        leaves them to read on their own."""
+        for ticket in self.running:
+            donor = ticket.donor
+            if donor is None or ticket.finished:
+                continue
+            if donor.finished or donor not in self.running:
+                ticket.donor = None
+                continue
+            prompt = list(ticket.request.prompt_ids[:-1])
+            if common_prefix_len(donor.slot.cached_ids, prompt[: ticket.shared]) < ticket.shared:
+                continue  # the donor has not read that far yet
+            slot = ticket.slot
+            slot.cache.copy_prefix(donor.slot.cache, ticket.shared)
+            slot.cached_ids = prompt[: ticket.shared]
+            ticket.reused += ticket.shared - (len(prompt) - len(ticket.pending))
+            ticket.pending, ticket.donor = prompt[ticket.shared :], None
+            if not ticket.pending:
+                self.engine.prefilled(ticket.generation)

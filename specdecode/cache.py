@@ -31,6 +31,16 @@ class KVCache:
     def view(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer, :, :end], self.values[layer, :, :end]
 
+    def copy_prefix(self, source: "KVCache", end: int) -> None:
+        """Take positions length..end-1 from `source` (a cache holding the same tokens there), so this cache
+        holds `end` positions without computing them; a row's keys and values depend only on the tokens up
+        to it, so they are the ones this cache would have computed."""
+        if not self.length <= end <= min(source.length, self.max_len):
+            raise ValueError(f"cannot copy positions {self.length}..{end} from a cache of length {source.length}")
+        self.keys[:, :, self.length:end] = source.keys[:, :, self.length:end]
+        self.values[:, :, self.length:end] = source.values[:, :, self.length:end]
+        self.length = end
+
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .controls import RowControls
-from .drafters.base import Draft, Drafter
+from .drafters.base import Draft, Drafter, DraftSteps, run_alone
 from .drafters.draft_model import common_prefix_len
 from .sampling import SamplingParams
 from .stats import GenerationStats
@@ -58,6 +58,7 @@ class Generation:
         self.started = time.perf_counter()
         self.draft = Draft()
         self.draft_seconds = 0.0
+        self.draft_alone = True  # whether this step's draft passes held this sequence only (their time is its cost)
         self.finished = False
 
     # ------------------------------------------------------------------ the prompt
@@ -76,6 +77,18 @@ class Generation:
     # ------------------------------------------------------------------ a step
     def plan(self) -> Draft | None:
         """Choose K and draft; None when the context is full (the answer then ends: see end_now)."""
+        proposal = self.plan_steps()
+        if proposal is None:
+            return None
+        t0 = time.perf_counter()
+        self.draft = run_alone(proposal)
+        self.draft_seconds = time.perf_counter() - t0
+        self.draft_alone = True
+        return self.draft
+
+    def plan_steps(self) -> DraftSteps | None:
+        """Choose K and return the proposal as a generator of its draft-model passes (drafters/base.py), which
+        `plan` runs alone and a batch runs beside other sequences'; None when the context is full."""
         cache = self.slot.cache
         room = cache.max_len - cache.length - 1  # positions left after the pending token
         if room < 0:
@@ -84,12 +97,9 @@ class Generation:
         k = tuning.choose_k(stopper.budget, room, len(stopper.tokens))
         if k > 0 and tuning.draft_needs_prompt:
             self.stats.time_draft += self._read_prompt_into_draft()
-        t0 = time.perf_counter()
         forced_limit = min(room, self.tuning_args[1], stopper.budget - 1)  # grammar-forced drafts: at most max_k
-        self.draft = propose(self.drafter, self.sequence, k, self.sampling, self.noise, tuning.stop_rule, self.controls,
-                             forced_limit)
-        self.draft_seconds = time.perf_counter() - t0
-        return self.draft
+        return steps.propose_steps(self.drafter, self.sequence, k, self.sampling, self.noise, tuning.stop_rule,
+                                   self.controls, forced_limit)
 
     def segment(self):
         return block_segment(self.slot.cache, self.sequence, self.draft)
@@ -118,7 +128,7 @@ class Generation:
     def _after(self, step: StepResult, solo: bool) -> StreamEvent:
         self.slot.cached_ids += [self.sequence[-1]] + step.tokens[:-1]
         self.sequence += step.tokens
-        self.tuning.observe(step, record_cost=solo)
+        self.tuning.observe(step, record_cost=solo, record_draft_cost=self.draft_alone)
         self.stats.record_step(step)
         # which source drafted the accepted tokens: lookup / store / draft for auto, else the drafter
         sources = [step.draft.source or self.stats.drafter] * step.accepted + [""]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -42,6 +42,17 @@ class SamplingParams:
     def noise(self) -> "PositionNoise":
         """The randomness of one generation: from the seed, or a fresh random one."""
         return PositionNoise(secrets.randbits(63) if self.seed is None else self.seed)
+
+    def for_choice(self, index: int) -> "SamplingParams":
+        """The settings of choice `index` of a request asking for several answers (`n`): seed + index (wrapping
+        past MAX_SEED), so choice 0 is the answer to the request with n = 1 and choice i the answer to the same
+        request with seed + i. Without a seed every choice draws its own randomness."""
+        return self if index == 0 else replace(self, seed=choice_seed(self.seed, index))
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice `index` of a request with `seed` (see SamplingParams.for_choice)."""
+    return None if seed is None else (seed + index) % (MAX_SEED + 1)
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

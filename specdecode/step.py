@@ -16,7 +16,7 @@ import torch
 
 from .cache import KVCache
 from .controls import RowControls, TokenLogprob, record_logprobs
-from .drafters.base import Draft, Drafter
+from .drafters.base import Draft, Drafter, DraftSteps, run_alone
 from .models.transformer import Segment, tree_mask, tree_positions
 from .sampling import PositionNoise, SamplingParams
 from .verify import verify_chain, verify_greedy, verify_sampling, verify_tree_greedy
@@ -61,7 +61,15 @@ def propose(drafter: Drafter | None, sequence: list[int], k: int, sampling: Samp
             stop_rule=None, controls: RowControls | None = None, forced_limit: int = 0) -> Draft:
     """The drafter's proposal for the tokens after `sequence` (nothing for k = 0 or plain decoding), cut where a
     grammar forbids a token, and followed by up to forced_limit tokens the grammar forces (free drafts)."""
-    draft = drafter.propose(sequence, k, sampling, noise, stop_rule) if drafter is not None and k > 0 else Draft()
+    return run_alone(propose_steps(drafter, sequence, k, sampling, noise, stop_rule, controls, forced_limit))
+
+
+def propose_steps(drafter: Drafter | None, sequence: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
+                  stop_rule=None, controls: RowControls | None = None, forced_limit: int = 0) -> DraftSteps:
+    """`propose` as a generator of the draft-model passes it needs (drafters/base.py, DraftSteps)."""
+    draft = Draft()
+    if drafter is not None and k > 0:
+        draft = yield from drafter.propose_steps(sequence, k, sampling, noise, stop_rule)
     if controls is None or controls.matcher is None or draft.is_tree:
         return draft
     valid = controls.valid_prefix(draft.tokens)

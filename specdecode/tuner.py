@@ -130,16 +130,17 @@ class GenerationTuning:
             self.tuner.draft_prefill_cost[self.name] = per_token if old is None else 0.5 * (old + per_token)
         self.unread_prompt = 0
 
-    def observe(self, step, record_cost: bool = True) -> None:
+    def observe(self, step, record_cost: bool = True, record_draft_cost: bool = True) -> None:
         """Learn from a finished StepResult: block costs, acceptance, confidence calibration. record_cost: the
         step's verify time is its block's cost (not where the pass held other requests' rows: the batch
-        records the pass's cost by its total rows)."""
+        records the pass's cost by its total rows); record_draft_cost: likewise for its draft passes (a batch's
+        draft passes are shared, and a sequence's share is not what a draft pass costs)."""
         draft = step.draft
         source = draft.source or self.name
         if record_cost:
             self.costs.record_target(step.block_size, step.verify_seconds)
         # A step that first had to consume many context tokens says nothing about a draft pass's cost.
-        if self.drafter is not None and draft.tokens and draft.catch_up <= 2:
+        if self.drafter is not None and draft.tokens and draft.catch_up <= 2 and record_draft_cost:
             self.costs.record_draft(source, step.draft_seconds / max(1, draft.forward_passes or len(draft.tokens)))
         if self.drafter is None:
             return

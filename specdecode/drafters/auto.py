@@ -9,7 +9,7 @@ Each source's confidence is calibrated apart, and each draft says which source i
 from __future__ import annotations
 
 from ..sampling import PositionNoise, SamplingParams
-from .base import Draft, Drafter, StopRule
+from .base import Draft, Drafter, DraftSteps, StopRule, run_alone
 from .draft_model import DraftModelDrafter
 from .suffix import SuffixDrafter
 
@@ -43,11 +43,15 @@ class AutoDrafter(Drafter):
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
                 stop_rule: StopRule | None = None) -> Draft:
+        return run_alone(self.propose_steps(context, k, sampling, noise, stop_rule))
+
+    def propose_steps(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
+                      stop_rule: StopRule | None = None) -> DraftSteps:
         draft = self.copier.propose(context, k, sampling, noise, stop_rule)
         if draft.tokens or self.model is None or (stop_rule is not None and not stop_rule.allows("draft", context)):
             return draft
-        draft = self.model.propose(context, k, sampling, noise,
-                                   stop_rule.for_source("draft") if stop_rule else None)
+        draft = yield from self.model.propose_steps(context, k, sampling, noise,
+                                                    stop_rule.for_source("draft") if stop_rule else None)
         draft.source = "draft"
         return draft
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Generator
 
 import torch
 
@@ -36,6 +37,22 @@ class Draft:
     def drafted(self) -> int:
         """Draft tokens that count as drafted: all of a chain, the main chain of a tree."""
         return self.chain_length if self.is_tree else len(self.tokens)
+
+
+# A proposal written as a generator of the draft-model passes it needs: it yields (model, Segment) for each pass,
+# is sent that pass's logits (as Transformer.forward_batch gives them), and returns its Draft.
+DraftSteps = Generator[tuple, "torch.Tensor | None", Draft]
+
+
+def run_alone(steps: DraftSteps):
+    """Drive a proposal by itself: each pass it asks for is one forward call of its model (the solo path)."""
+    try:
+        model, segment = next(steps)
+        while True:
+            logits = model(torch.tensor(segment.tokens, device=model.device), segment.cache, logits=segment.logits)
+            model, segment = steps.send(logits)
+    except StopIteration as done:
+        return done.value
 
 
 class StopRule:
@@ -78,6 +95,13 @@ class Drafter:
                 stop_rule: StopRule | None = None) -> Draft:
         """Up to k tokens to follow context; a drafter that supports it ends early where stop_rule says."""
         raise NotImplementedError
+
+    def propose_steps(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
+                      stop_rule: StopRule | None = None) -> DraftSteps:
+        """`propose` as a generator of the draft-model passes it needs (see DraftSteps), so that a batch can run
+        many sequences' passes together. A drafter without a model needs none: it just proposes."""
+        return self.propose(context, k, sampling, noise, stop_rule)
+        yield  # never reached: it makes this function a generator
 
     @property
     def model_drafter(self):

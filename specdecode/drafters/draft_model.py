@@ -1,11 +1,21 @@
-"""Drafting with a small model of the same tokenizer, run autoregressively on its own KV cache."""
+"""Drafting with a small model of the same tokenizer, run autoregressively on its own KV cache.
+
+Each proposal is written as a generator of the draft passes it needs (`propose_steps`): it yields
+(model, Segment) for every pass and is sent back that pass's logits. Alone, `run_alone` answers each pass
+with its own forward call; the batched engine (batch_draft.py) answers the passes of many sequences' drafters
+with one `forward_batch` per draft position. Both run the same proposal code on rows the kernels compute
+alike, so a sequence drafts the same tokens either way.
+"""
 from __future__ import annotations
+
+from typing import Generator
 
 import torch
 
 from ..errors import InputError
+from ..models.transformer import Segment
 from ..sampling import PositionNoise, SamplingParams, probabilities
-from .base import Draft, Drafter, StopRule
+from .base import Draft, Drafter, DraftSteps, StopRule, run_alone
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -40,8 +50,9 @@ class DraftModelDrafter(Drafter):
         self.cache.truncate(0)
         self.cached = []
 
-    def _feed(self, tokens: list[int], logits: str) -> torch.Tensor | None:
-        """Make the cache hold exactly `tokens`, reusing the common prefix; logits after the last one fed."""
+    def _feed(self, tokens: list[int], logits: str) -> Generator:
+        """Make the cache hold exactly `tokens`, reusing the common prefix; logits after the last one fed.
+        A generator of the draft passes it needs (see the module's docstring)."""
         keep = min(common_prefix_len(self.cached, tokens), len(tokens) - 1 if logits != "none" else len(tokens))
         self.cache.truncate(keep)
         del self.cached[keep:]
@@ -49,38 +60,42 @@ class DraftModelDrafter(Drafter):
         self.last_sync_tokens = len(pending)
         if self.rows is not None and pending and max(pending) >= self.rows:
             return None
-        device = self.model.device
         while len(pending) > self.prefill_chunk:
             chunk, pending = pending[: self.prefill_chunk], pending[self.prefill_chunk :]
-            self.model(torch.tensor(chunk, device=device), self.cache, logits="none")
+            yield self.model, Segment(chunk, self.cache, "none")
             self.cached.extend(chunk)
         if not pending:
             return None
-        out = self.model(torch.tensor(pending, device=device), self.cache, logits=logits)
+        out = yield self.model, Segment(pending, self.cache, logits)
         self.cached.extend(pending)
         return None if out is None else out[-1]
+
+    def _next_logits(self, token: int) -> Generator:
+        """One draft pass over `token`: the logits after it ([V])."""
+        out = yield self.model, Segment([token], self.cache, "last")
+        self.cached.append(token)
+        return out[-1]
 
     def prefill(self, context: list[int]) -> None:
         """Consume the prompt (all but its last token) so that proposals only feed the newest tokens.
         A prompt the draft's context cannot hold is not read: proposals then draft nothing."""
         if len(context) < self.cache.max_len:
-            self._feed(context[:-1], logits="none")
+            run_alone(self._feed(context[:-1], logits="none"))
 
     def unread_tokens(self, context: list[int]) -> int:
         return max(0, len(context) - 1 - common_prefix_len(self.cached, context[:-1]))
 
-    def _logits_after(self, context: list[int]) -> torch.Tensor | None:
-        """Feed whatever of `context` the cache lacks; logits after its last token (None: an id the draft has no
-        row for)."""
-        return self._feed(context, logits="last")
-
     def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
                 stop_rule: StopRule | None = None) -> Draft:
+        return run_alone(self.propose_steps(context, k, sampling, noise, stop_rule))
+
+    def propose_steps(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
+                      stop_rule: StopRule | None = None) -> DraftSteps:
         k = min(k, self.cache.max_len - len(context))
         if k <= 0:
             return Draft()
-        logits = self._logits_after(context)
-        if logits is None:
+        logits = yield from self._feed(context, logits="last")  # whatever of context the cache lacks
+        if logits is None:  # an id the draft has no row for
             return Draft()
         passes = 1
         tokens: list[int] = []
@@ -88,7 +103,6 @@ class DraftModelDrafter(Drafter):
         confidences: list[float] = []
         chain_prob = 1.0  # predicted chance that every token kept so far is accepted
         rule = stop_rule
-        device = self.model.device
         while True:
             probs_row = probabilities(logits[None], sampling)[0] if not sampling.greedy else None
             if rule is not None:
@@ -105,8 +119,7 @@ class DraftModelDrafter(Drafter):
             confidences.append(confidence)
             if len(tokens) >= k or (rule is not None and not rule.extend(len(tokens), chain_prob, confidence)):
                 break
-            logits = self.model(torch.tensor([token], device=device), self.cache, logits="last")[0]
-            self.cached.append(token)
+            logits = yield from self._next_logits(token)
             passes += 1
         probs = torch.stack(rows) if rows else None
         return Draft(tokens, probs, passes, catch_up=self.last_sync_tokens, confidences=confidences)
@@ -117,19 +130,21 @@ class DraftModelDrafter(Drafter):
         del self.cached[keep:]
 
     def propose_tree(self, context: list[int], k: int, branch_min_prob: float = 0.1) -> Draft:
+        return run_alone(self.tree_steps(context, k, branch_min_prob))
+
+    def tree_steps(self, context: list[int], k: int, branch_min_prob: float = 0.1) -> DraftSteps:
         """Greedy token tree: a chain of the draft's top choices, plus the runner-up at each depth as a leaf
         when the draft gives it at least branch_min_prob. Costs the same draft passes as a chain of k."""
         k = min(k, (self.cache.max_len - len(context)) // 2)
         if k <= 0:
             return Draft()
-        logits = self._logits_after(context)
+        logits = yield from self._feed(context, logits="last")
         if logits is None:
             return Draft()
         passes = 1
         tokens: list[int] = []
         parents: list[int] = []
         chain_parent = 0  # block index of the current chain node (0 = the last accepted token)
-        device = self.model.device
         for depth in range(k):
             top = torch.topk(torch.softmax(logits.float(), -1), 2)
             best, second = int(top.indices[0]), int(top.indices[1])
@@ -142,8 +157,7 @@ class DraftModelDrafter(Drafter):
             chain_parent = best_index
             if depth + 1 == k:
                 break
-            logits = self.model(torch.tensor([best], device=device), self.cache, logits="last")[0]
-            self.cached.append(best)
+            logits = yield from self._next_logits(best)
             passes += 1
         return Draft(tokens, None, passes, parents=parents, chain_length=k, catch_up=self.last_sync_tokens)
 
@@ -162,6 +176,10 @@ class TreeDrafter(DraftModelDrafter):
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
                 stop_rule: StopRule | None = None) -> Draft:
+        return run_alone(self.propose_steps(context, k, sampling, noise, stop_rule))
+
+    def propose_steps(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
+                      stop_rule: StopRule | None = None) -> DraftSteps:
         if not sampling.greedy:
             raise InputError("token-tree drafting supports greedy decoding only; use --draft with a chain for sampling")
-        return self.propose_tree(context, k, self.branch_min_prob)
+        return (yield from self.tree_steps(context, k, self.branch_min_prob))

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import InputError
+from .choices import ChoicesStreamingResponse, check_choices, joined_body, run_choices, stream_end
 from .exposure import ApiKeys, ExposureGuard
 from .http_parts import (ClientGone, DisconnectWatch, JobStreamingResponse, RequestCounter, peer_address, queue_lane,
                          read_json_body, request_namespace)
@@ -29,7 +30,7 @@ from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
 from .responses import ChatHost, register_responses
 from .scheduler import Scheduler
-from .shaping import ChunkStream, Shaper, gather_steps
+from .shaping import ChunkStream, Shaper, gather_steps, response_id
 
 log = logging.getLogger("specdecode.server")
 
@@ -100,12 +101,33 @@ class ChatApi:
         key_id = self.check_api_key(request)
         body = await read_json_body(request)
         gen = parse_chat(body) if kind == "chat" else parse_completion(body)
+        if gen.n > 1:
+            return await self.generate_choices(request, gen, key_id)
+        return await self.run_generation(request, gen, key_id, self._answer(gen),
+                                         lambda ticket: ChunkStream(self.shaper, gen).events(ticket))
 
+    def _answer(self, gen: GenerationRequest):
         async def answer(ticket, watch):
             return self.shaper.completion_body(gen, await gather_steps(ticket, watch))
 
-        return await self.run_generation(request, gen, key_id, answer,
-                                         lambda ticket: ChunkStream(self.shaper, gen).events(ticket))
+        return answer
+
+    async def generate_choices(self, request: Request, gen: GenerationRequest, key_id: str):
+        """n > 1 (choices.py): the choices run side by side, each its own generation; one response joins them."""
+        self.check_model(gen.model)
+        check_choices(gen, self.backend.max_batch)
+        joined_id = response_id(gen.kind)
+        usages: list[dict] = []  # each streamed choice's usage, as it finishes
+        parts = await run_choices(gen, lambda index, one: self.run_generation(
+            request, one, key_id, self._answer(one),
+            lambda ticket: ChunkStream(self.shaper, one, index, joined_id, usages).events(ticket)))
+        if not gen.stream:
+            gone = next((part for part in parts if not isinstance(part, dict)), None)  # a client gone: 499
+            return gone if gone is not None else joined_body(parts)
+        head = {"id": joined_id, "object": "chat.completion.chunk" if gen.kind == "chat" else "text_completion",
+                "model": self.model_name}
+        return ChoicesStreamingResponse(parts, lambda: stream_end(gen, head, usages), media_type="text/event-stream",
+                                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def run_generation(self, request: Request, gen: GenerationRequest, key_id: str, answer, stream):
         """Queue `gen`, wait for its start, then answer: `await answer(ticket, watch)` (a JSON body) or, for a

@@ -96,6 +96,7 @@ class ClusterBackend:
         self.drafters = info["drafters"]
         self.default_drafter = info["default_drafter"]
         self.max_context = info["max_context"]
+        self.max_batch = settings.max_batch  # per replica: the most choices (n) one request may ask
         self.router = PrefixRouter(**settings.routing)  # only to cut prompts into blocks; Ray's router decides
         self.in_flight = 0
         self.resent = 0  # requests sent again because their replica died before starting them

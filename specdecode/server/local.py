@@ -4,6 +4,7 @@ The HTTP layer (app.py) talks to a backend through a small interface, so the sam
 streaming serve one engine here or many replicas on a Ray cluster (cluster.py):
 
     backend.drafters, backend.default_drafter, backend.max_context
+    backend.max_batch                                      # the most choices (n) one request may ask
     await backend.start() / await backend.stop()          # the app's lifespan
     ticket = await backend.submit(request, user_key, namespace)  # raises ApiError: 400, 429 (queue full), 503
     await ticket.next()   # ("start", prompt_tokens) | ("step", Step) | ("error", ApiError); a Step ends with finished
@@ -38,6 +39,7 @@ class LocalBackend:
         self.drafters = available_drafters(scheduler.engine.draft is not None)
         self.default_drafter = scheduler.default_drafter
         self.max_context = scheduler.engine.max_context
+        self.max_batch = scheduler.max_batch
         self._worker: asyncio.Task | None = None
 
     @property

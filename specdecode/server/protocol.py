@@ -22,6 +22,7 @@ MAX_SEED = 2**63 - 1
 MAX_TEMPERATURE = 2.0  # OpenAI's range
 MAX_LOGIT_BIAS = 1024  # entries of logit_bias
 MAX_TOP_LOGPROBS = {"chat": 20, "completion": 5}  # OpenAI's bounds
+MAX_CHOICES = 128  # OpenAI's bound on n; a server allows at most its batch size (app.py)
 
 # One rule for the fields of a request body (README, "Request fields"):
 # - implemented (OpenAI's and the extensions peers accept: top_k, min_p, repetition_penalty, speculative): used;
@@ -69,6 +70,7 @@ class GenerationRequest:
     tool_choice: str | dict = "none"
     parallel_tool_calls: bool = True
     grammar: GrammarSpec | None = None  # what the answer must match (response_format, a compulsory tool call)
+    n: int = 1  # answers to generate (server/choices.py): choice i samples with seed + i
 
     def engine_controls(self) -> LogitControls | None:
         """What the engine applies to each row: the controls with the grammar."""
@@ -196,9 +198,7 @@ def _speculative(body: dict) -> tuple[str | None, int | str]:
 def _common(body: dict, kind: str, prompt, max_tokens_field: str = "max_tokens") -> GenerationRequest:
     _check_fields(body, kind)
     model = _string(body, "model", required=True)
-    n = _integer(body, "n", 1)
-    if n != 1:
-        raise _bad("n", f"only n=1 is supported, got {n}")
+    n = _integer(body, "n", 1, minimum=1, maximum=MAX_CHOICES)
     temperature = _number(body, "temperature", 1.0)
     if not 0 <= temperature <= MAX_TEMPERATURE:
         raise _bad("temperature", f"'temperature' must be in 0..{MAX_TEMPERATURE:g}, got {temperature}")
@@ -229,6 +229,7 @@ def _common(body: dict, kind: str, prompt, max_tokens_field: str = "max_tokens")
         min_p=_bounded(body, "min_p", 0.0, 0.0, 1.0),
         controls=_controls(body, kind),
         grammar=_response_format(body) if kind == "chat" else None,
+        n=n,
     )
 
 

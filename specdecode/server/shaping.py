@@ -126,10 +126,15 @@ class Shaper:
 class ChunkStream:
     """One streamed answer's chunks in OpenAI's shape (chat deltas or completion text), tool calls as deltas."""
 
-    def __init__(self, shaper: Shaper, gen: GenerationRequest):
+    def __init__(self, shaper: Shaper, gen: GenerationRequest, index: int = 0, response: str | None = None,
+                 usages: list | None = None):
+        """For one choice of several (usages given): its chunks carry its index and the joined response's id, its
+        usage goes to `usages` at the end, and the joined stream (choices.py) sends the usage and [DONE]."""
         self.shaper = shaper
         self.gen = gen
-        self.id = response_id(gen.kind)
+        self.index = index
+        self.usages = usages
+        self.id = response or response_id(gen.kind)
         self.created = int(time.time())
         self.streamed = 0  # characters of token text sent so far (the completions API's text offsets)
         self.calls = ToolCallStream(gen.parallel_tool_calls, gen.tools) if gen.kind == "chat" and gen.tools else None
@@ -140,9 +145,9 @@ class ChunkStream:
         if self.gen.kind == "chat":
             if delta is None:
                 delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": 0, "delta": delta, "logprobs": described, "finish_reason": finish_reason}
+            choice = {"index": self.index, "delta": delta, "logprobs": described, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": described, "finish_reason": finish_reason}
+            choice = {"index": self.index, "text": text or "", "logprobs": described, "finish_reason": finish_reason}
         payload = {"id": self.id, "object": "chat.completion.chunk" if self.gen.kind == "chat" else "text_completion",
                    "created": self.created, "model": self.shaper.model_name, "system_fingerprint": None,
                    "choices": [choice]}
@@ -152,6 +157,8 @@ class ChunkStream:
     def step_chunks(self, step: Step) -> list[dict]:
         """The chunks of one step: its text (or tool-call deltas), then the usage chunk after the last step."""
         extra = self.shaper.step_extension(step)
+        if self.usages is not None and "usage" in extra:  # one choice of several: its usage joins the others'
+            self.usages.append(extra.pop("usage"))
         if self.calls is not None:  # text outside calls as content, each call as tool_calls deltas
             deltas = self.calls.feed(step.text) + (self.calls.finish() if step.finished else [])
             reason = finish_reason(step.finish_reason, len(self.calls.completed)) if step.finished else None
@@ -160,7 +167,7 @@ class ChunkStream:
         else:
             chunks = [self.chunk(step.text if step.text or not step.finished else None,
                                  step.finish_reason if step.finished else None, extra, logprobs=step.logprobs)]
-        if step.finished and self.gen.include_usage:
+        if step.finished and self.gen.include_usage and self.usages is None:
             chunks.append({**self.chunk(None), "choices": [], "usage": usage_of(step.stats, self.shaper.expose_timings)})
         return chunks
 
@@ -181,4 +188,5 @@ class ChunkStream:
                 yield sse(chunk)
             if step.finished:
                 break
-        yield "data: [DONE]\n\n"
+        if self.usages is None:
+            yield "data: [DONE]\n\n"

@@ -48,7 +48,8 @@ CASES = [
     ("temperature wrong type", "completions", body(GOOD, temperature="warm"), 400, "temperature"),
     ("top_p zero", "completions", body(GOOD, top_p=0), 400, "top_p"),
     ("top_p above one", "chat/completions", body(CHAT, top_p=1.01), 400, "top_p"),
-    ("n above one", "completions", body(GOOD, n=2), 400, "n"),
+    ("n above the batch size", "completions", body(GOOD, n=9), 400, "n"),
+    ("n zero", "completions", body(GOOD, n=0), 400, "n"),
     ("stream wrong type", "completions", body(GOOD, stream="yes"), 400, "stream"),
     ("stop wrong type", "completions", body(GOOD, stop=7), 400, "stop"),
     ("seed wrong type", "completions", body(GOOD, seed="x"), 400, "seed"),
@@ -95,7 +96,7 @@ def test_unknown_route_and_method(live_server):
 
 def test_openai_client_sees_typed_errors(client):
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model=MODEL, prompt="x", max_tokens=1, n=2)
+        client.completions.create(model=MODEL, prompt="x", max_tokens=1, n=9)
     assert err.value.body["param"] == "n"
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])

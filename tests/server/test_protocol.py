@@ -19,6 +19,7 @@ def test_completion_defaults_and_fields():
     assert parse_completion({**BASE, "prompt": ["one"]}).prompt == "one"
     assert parse_completion({**BASE, "prompt": [1, 2, 3]}).prompt == [1, 2, 3]
     assert parse_completion({**BASE, "n": 1, "logprobs": None, "presence_penalty": 0}).prompt == "hi"
+    assert parse_completion({**BASE, "n": 3}).n == 3 and plain.n == 1  # the server caps n at its batch size
     assert plain.controls is None and plain.min_p == 0.0
 
 
@@ -46,7 +47,7 @@ def test_sampling_controls_logprobs_and_response_format():
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"response_format": "json"}, "response_format"),
     ({"audio": {"voice": "x"}}, "audio"),
-    ({"n": 3}, "n"),
+    ({"n": 0}, "n"),
 ])
 def test_chat_field_rejections(change, param):
     with pytest.raises(ApiError) as err:
@@ -77,7 +78,8 @@ def test_chat_messages_and_content_parts():
     ({"temperature": "hot"}, "temperature"),
     ({"top_p": 0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
-    ({"n": 2}, "n"),
+    ({"n": 129}, "n"),
+    ({"n": 1.5}, "n"),
     ({"seed": -1}, "seed"),
     ({"stop": 5}, "stop"),
     ({"stop": ["a", 1]}, "stop"),

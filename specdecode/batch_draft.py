@@ -1,0 +1,83 @@
+"""The draft model's passes for every sequence of a batched step, one pass per draft position.
+
+Each sequence that drafts with a draft model proposes through a generator of the passes it needs
+(drafters/base.py, `DraftSteps`): it catches its own draft cache up with its confirmed tokens, then asks for
+one pass per draft token. Here all of them advance in lockstep: at each round, the passes every unfinished
+proposal asks for run as one `forward_batch` of the draft model (each over its own draft cache, attention per
+sequence), so R sequences drafting K tokens cost about K draft passes, not R*K. A proposal that needs no
+model pass (a copy, K = 0) finishes at once. The draft model's rows are computed as they would be alone (the
+kernels are row-exact; float32 passes are split within the rows computed exactly), and each proposal reads
+only its own rows' logits, so every sequence drafts exactly what it drafts alone, and rolls back on its own.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .drafters.base import DraftSteps
+
+
+class Proposal:
+    """One sequence's proposal in progress: the generation it drafts for, its steps, and the pass it awaits."""
+
+    def __init__(self, generation, steps: DraftSteps):
+        self.generation = generation
+        self.steps = steps
+        self.waiting = None  # (model, Segment) it asked for, None once it has its draft
+
+    def advance(self, logits) -> None:
+        """Resume the proposal with its last pass's logits (None to start it); time spent here is its own."""
+        t0 = time.perf_counter()
+        try:
+            self.waiting = self.steps.send(logits)
+        except StopIteration as done:
+            self.generation.draft = done.value
+            self.waiting = None
+        self.generation.draft_seconds += time.perf_counter() - t0
+
+
+def draft_together(proposals: list[tuple[object, DraftSteps]]) -> int:
+    """Run every (generation, steps) proposal to its draft (set as generation.draft, with draft_seconds: its own
+    time plus its rows' share of each shared pass). Returns the draft passes run (rounds of the lockstep)."""
+    active = []
+    for generation, steps in proposals:
+        generation.draft_seconds, generation.draft_alone = 0.0, True
+        proposal = Proposal(generation, steps)
+        proposal.advance(None)
+        if proposal.waiting is not None:
+            active.append(proposal)
+    rounds = 0
+    while active:
+        rounds += 1
+        for model, members in _by_model(active).items():
+            _one_pass(model, members)
+        active = [p for p in active if p.waiting is not None]
+    return rounds
+
+
+def _by_model(active: list[Proposal]) -> dict:
+    """The waiting proposals grouped by the model whose pass they ask for (one draft model in practice)."""
+    groups: dict = {}
+    for proposal in active:
+        model = proposal.waiting[0]
+        groups.setdefault(model, []).append(proposal)
+    return groups
+
+
+def _one_pass(model, members: list[Proposal]) -> None:
+    """One pass of `model` over every member's segment; each member resumes with its own logits."""
+    segments = [p.waiting[1] for p in members]
+    t0 = time.perf_counter()
+    if len(segments) > 1 and hasattr(model, "forward_batch"):
+        outputs = model.forward_batch(segments)
+    else:  # one sequence, or a model without batched passes (the transformers adapter): each alone
+        outputs = [model(torch.tensor(s.tokens, device=model.device), s.cache, logits=s.logits) for s in segments]
+    seconds = time.perf_counter() - t0
+    rows = sum(s.rows for s in segments)
+    for proposal, segment, logits in zip(members, segments, outputs):
+        # A pass several sequences share costs each its rows' share (as the target's pass does in batch.py);
+        # the tuner then must not take that share for what a draft pass costs.
+        proposal.generation.draft_seconds += seconds * segment.rows / rows
+        proposal.generation.draft_alone = proposal.generation.draft_alone and len(segments) == 1
+        proposal.advance(logits)
