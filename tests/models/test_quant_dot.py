@@ -134,6 +134,15 @@ def test_the_row_check_fails_when_one_rows_summation_order_changes(kernel):
     assert_a_broken_row_is_caught(kernel, make_parts(("Q4_K", "Q6_K"), 70, 768, seed=5)[0])
 
 
+@pytest.mark.parametrize("name", ["Q5_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "Q5_1"])
+def test_the_row_check_fails_for_each_newer_type_when_one_rows_summation_order_changes(kernel, name):
+    """The same broken variant on the block types added for GGUF files of every common quantization: full tiles
+    (8 or 16 tokens) and remainders."""
+    parts = make_parts((name,), 37, 768, seed=5)[0]
+    for rows in (5, 9, 16):
+        assert_a_broken_row_is_caught(kernel, parts, rows)
+
+
 def assert_a_broken_row_is_caught(kernel, parts, rows: int = 9):
     x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(2))
     for isa in isa_paths(kernel):
