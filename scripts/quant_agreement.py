@@ -7,13 +7,14 @@ take llama.cpp's fallback type). scripts/precision_quality.py then reads the sam
 the float32 model of each file (teacher-forced, nothing generated) and counts the positions whose argmax agrees.
 The table also lists the block types of each file's matrices, all of which the int8 kernel reads as they are.
 
-    .venv/bin/python scripts/quant_agreement.py [--positions 1000] [--types Q5_K_M Q3_K_M ...] [--out table.md]
+    [LLAMACPP_BIN=folder] .venv/bin/python scripts/quant_agreement.py [--positions 1000] [--types Q5_K_M Q3_K_M ...] [--out table.md]
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,10 +25,11 @@ HERE = Path(__file__).resolve().parent
 TYPES = ["Q5_K_M", "Q3_K_M", "Q2_K", "IQ4_NL", "IQ4_XS"]
 
 
-def quantize(binary: Path, source: Path, out: Path, ftype: str) -> Path:
+def quantize(binary: Path, source: Path, out: Path, ftype: str, pure: bool = False) -> Path:
     if not out.exists():
         tmp = out.with_suffix(".tmp")
-        subprocess.run([str(binary), "--allow-requantize", str(source), str(tmp), ftype], check=True, capture_output=True)
+        flags = ["--allow-requantize"] + (["--pure"] if pure else [])
+        subprocess.run([str(binary), *flags, str(source), str(tmp), ftype], check=True, capture_output=True)
         tmp.replace(out)
     return out
 
@@ -44,9 +46,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--positions", type=int, default=1000)
     p.add_argument("--types", nargs="+", default=TYPES, help="llama-quantize type names")
+    p.add_argument("--pure", action="store_true", help="llama-quantize --pure: every matrix the type itself, except"
+                   " rows that are not a multiple of its block (smollm2's 576-wide inputs), which take llama.cpp's fallback")
     p.add_argument("--out", default=None, help="also write the Markdown table here")
     args = p.parse_args()
-    binary = registry.cache_dir() / "llama.cpp" / "bin" / "llama-quantize"
+    binary = Path(os.environ.get("LLAMACPP_BIN") or registry.cache_dir() / "llama.cpp" / "bin") / "llama-quantize"
     if not binary.exists():
         sys.exit(f"{binary} is missing: run scripts/build_llamacpp.sh")
     folder = registry.cache_dir() / "quant-agreement"
@@ -55,12 +59,13 @@ def main() -> None:
     f32 = quantize(binary, source, folder / "smollm2-135m-F32.gguf", "F32")
     rows = ["| file (llama-quantize) | matrices | positions | top-1 agreement int8 vs float32 |", "|---|---|---|---|"]
     for ftype in args.types:
-        path = quantize(binary, f32, folder / f"smollm2-135m-{ftype}.gguf", ftype)
-        result = folder / f"{ftype}.json"
+        label = f"{ftype}{' --pure' if args.pure else ''}"
+        path = quantize(binary, f32, folder / f"smollm2-135m-{ftype}{'-pure' if args.pure else ''}.gguf", ftype, args.pure)
+        result = folder / f"{label.replace(' ', '')}.json"
         subprocess.run([sys.executable, str(HERE / "precision_quality.py"), "--model", str(path), "--positions",
                         str(args.positions), "--out", str(result)], check=True)
         figures = json.loads(result.read_text())
-        rows.append(f"| smollm2-135m {ftype} | {matrix_types(path)} | {figures['positions']} | {figures['top1_agreement']:.2%} |")
+        rows.append(f"| smollm2-135m {label} | {matrix_types(path)} | {figures['positions']} | {figures['top1_agreement']:.2%} |")
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     print(table)
