@@ -31,6 +31,23 @@ def documents() -> list[str]:
     return docs
 
 
+def int8_block_types(model) -> dict[str, int]:
+    """How many matrix parts of the int8 model hold each block type: the file's own types where the kernel reads them
+    (an internal layout named by its number), Q8_0 where a matrix was requantized from float32."""
+    import gguf
+
+    from specdecode import kernels
+
+    counts: dict[str, int] = {}
+    for module in [model.model, *model.model.layers]:
+        for value in vars(module).values():
+            if isinstance(value, kernels.QuantWeight):
+                for t in value.types:
+                    name = gguf.GGMLQuantizationType(t).name if t in gguf.GGMLQuantizationType._value2member_map_ else str(t)
+                    counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 def score(model, ids: list[int]) -> torch.Tensor:
     with torch.inference_mode():
         return model.model(torch.tensor(ids), model.model.new_cache(len(ids)))  # [T, vocab]
@@ -61,9 +78,11 @@ def main() -> None:
     result = {
         "model": args.model, "positions": positions, "top1_agreement": agree / positions,
         "perplexity_int8": math.exp(nll["int8"] / positions), "perplexity_float32": math.exp(nll["float32"] / positions),
+        "int8_block_types": int8_block_types(int8),
     }
     print(f"{args.model}: {positions} positions, top-1 agreement int8 vs float32 {result['top1_agreement']:.2%}, "
-          f"perplexity int8 {result['perplexity_int8']:.4f} vs float32 {result['perplexity_float32']:.4f}")
+          f"perplexity int8 {result['perplexity_int8']:.4f} vs float32 {result['perplexity_float32']:.4f}; int8 matrix parts"
+          f" by block type {result['int8_block_types']}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 

@@ -91,25 +91,30 @@ def perturbed_copy(model: Transformer, noise: float, seed: int, max_positions: i
 # The block types of a Q4_K_M file (as the default target's): Q4_K for most matrices, Q6_K for V, down and head.
 KQUANT_LAYOUT = {"qkv": ("Q4_K", "Q4_K", "Q6_K"), "out_proj": ("Q4_K",), "gate_up": ("Q4_K", "Q4_K"),
                  "down": ("Q6_K",), "lm_head": ("Q6_K",)}
+# The 256-weight block types the int8 kernel reads besides those (Q5_K_M, Q3_K_M, Q2_K and IQ4_XS files), mixed.
+NEWER_KQUANT_LAYOUT = {"qkv": ("Q5_K", "Q3_K", "Q2_K"), "out_proj": ("IQ4_XS",), "gate_up": ("Q5_K", "Q2_K"),
+                       "down": ("Q3_K",), "lm_head": ("IQ4_XS",)}
 
 
 def random_kquant_blocks(name: str, rows: int, cols: int, gen: np.random.Generator) -> np.ndarray:
-    """[rows, bytes] of random Q4_K or Q6_K blocks whose weights have mean ~0 and std ~0.25.
+    """[rows, bytes] of random blocks of a 256-weight type whose weights have mean ~0 and std ~0.25.
 
     gguf-py cannot quantize to k-quants, so the blocks are random bytes with the float16 super-block
-    scales set: Q4_K's min scale is 7.5x its scale, which centres d*sc*q - dmin*m on zero."""
+    scales set: Q4_K's min scale is 7.5x its scale, which centres d*sc*q - dmin*m on zero (Q5_K 15.5x,
+    Q2_K 1.5x); Q3_K and IQ4_XS weights are centred already."""
     import gguf
 
     _, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
     blocks = gen.integers(0, 256, size=(rows * cols // 256, block_bytes), dtype=np.uint8)
     d = gen.uniform(0.8, 1.2, size=len(blocks))
-    fields = {"Q4_K": [(0, 1e-3 * d), (2, 7.5e-3 * d)], "Q6_K": [(208, 1.8e-4 * d)]}[name]
+    fields = {"Q4_K": [(0, 1e-3 * d), (2, 7.5e-3 * d)], "Q6_K": [(208, 1.8e-4 * d)], "Q5_K": [(0, 5e-4 * d), (2, 7.75e-3 * d)],
+              "Q3_K": [(108, 6e-3 * d)], "Q2_K": [(80, 2.5e-2 * d), (82, 3.75e-2 * d)], "IQ4_XS": [(0, 2e-4 * d)]}[name]
     for offset, value in fields:
         blocks[:, offset : offset + 2] = value.astype(np.float16).view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)
 
 
-def kquant_model(seed: int, arch: str = "qwen2") -> tuple[Transformer, dict]:
+def kquant_model(seed: int, arch: str = "qwen2", layout: dict = KQUANT_LAYOUT) -> tuple[Transformer, dict]:
     """A tiny model whose matrices are random Q4_K/Q6_K blocks: (float32 model with the dequantized weights,
     {matrix key: [(ggml type, blocks)]} for `loader._to_quant_weights`). Dimensions are multiples of 256,
     the k-quant block length."""
@@ -123,9 +128,9 @@ def kquant_model(seed: int, arch: str = "qwen2") -> tuple[Transformer, dict]:
     blocks = {}
     for key, param in model.named_parameters():
         name = key.rpartition(".")[2]
-        if name not in KQUANT_LAYOUT:
+        if name not in layout:
             continue
-        parts = [(t, random_kquant_blocks(t, n, param.shape[1], gen)) for t, n in zip(KQUANT_LAYOUT[name], rows[name])]
+        parts = [(t, random_kquant_blocks(t, n, param.shape[1], gen)) for t, n in zip(layout[name], rows[name])]
         dense = [gguf.quants.dequantize(b, gguf.GGMLQuantizationType[t]) for t, b in parts]
         param.data = torch.from_numpy(np.concatenate(dense)).float()
         blocks[key] = [(int(gguf.GGMLQuantizationType[t]), torch.from_numpy(b)) for t, b in parts]

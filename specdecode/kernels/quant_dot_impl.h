@@ -111,7 +111,8 @@ struct QuadIndex {
 
 struct Q4K {  // 8 sub-blocks of 32: 4-bit q, 6-bit scale and min each; w = d*sc*q - dmin*m
   static constexpr int QK = 256, BYTES = 144, SUB = 8;
-  static constexpr bool K = true, SIGNED = false, OFFSET = true;
+  // QUAD: a sum of 4 weight-activation products fits int16, as tile()'s VNNI form needs
+  static constexpr bool K = true, SIGNED = false, OFFSET = true, QUAD = true;
   const uint8_t* q;
   float d, off_scale;
   __m256i scales;  // both lanes: the 8 scales as int16
@@ -188,22 +189,39 @@ struct Q4KR : Q4K {
   }
 };
 
-struct Q6K {  // 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales (per 16), fp16 d; w = d*sc*(q-32)
+// The scales of the k-quant types with one scale per 16 weights (Q6_K, Q3_K, Q2_K), as int16: sub-block j's
+// (weights 32j..32j+31) bytes 0..15 take scale 2j, bytes 16..31 scale 2j+1.
+struct Scales16 {
+  __m256i first, second;   // both lanes: scales 0-7, scales 8-15
+  __m256i all;             // scales 0-15
+  inline void set_scales(__m256i sc16) {
+    all = sc16;
+    first = _mm256_permute2x128_si256(sc16, sc16, 0x00);
+    second = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+  }
+  inline __m256i scale(int j) const { return lane_word(j < 4 ? first : second, (2 * j) & 7, (2 * j + 1) & 7); }
+#if QD_VNNI
+  // As Q4K::packed_scales, for scales of 16 weights: lane l of a 64-byte dpbusd holds group l / 4 of the 4
+  // groups of its two sub-blocks, so word p of quad q takes scale 8q + L (first pair) or 8q + 4 + L.
+  inline __m512i packed_scales(int q) const {
+    static const QuadIndex idx([](int q, int L, int i) { return 8 * q + (i < 4 ? 0 : 4) + L; });
+    return _mm512_permutexvar_epi16(idx.get(q), _mm512_castsi256_si512(all));
+  }
+#endif
+};
+
+struct Q6K : Scales16 {  // 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales (per 16), fp16 d; w = d*sc*(q-32)
   static constexpr int QK = 256, BYTES = 210, SUB = 8;
-  static constexpr bool K = true, SIGNED = false, OFFSET = false;
+  static constexpr bool K = true, SIGNED = false, OFFSET = false, QUAD = true;
   const uint8_t* ql;
   float d, off_scale;
   __m256i minus32sc;       // -32 times each of the 16 scales, as int16
-  __m256i first, second;   // both lanes: scales 0-7, scales 8-15
-  __m256i all;             // scales 0-15
   inline void load(const uint8_t* b) {
     d = f16(b + 208);
     off_scale = 0.0f;
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(b + 192)));
-    all = sc16;
+    set_scales(sc16);
     minus32sc = _mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32));
-    first = _mm256_permute2x128_si256(sc16, sc16, 0x00);
-    second = _mm256_permute2x128_si256(sc16, sc16, 0x11);
     ql = b;
   }
   // Sub-block j = (half j/4, t = j%4): weights 128*half + 32t .. +31, unsigned 0..63; low nibbles from
@@ -216,22 +234,116 @@ struct Q6K {  // 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales (pe
     h = t == 0 ? _mm256_slli_epi16(h, 4) : t == 1 ? _mm256_slli_epi16(h, 2) : t == 2 ? h : _mm256_srli_epi16(h, 2);
     return _mm256_or_si256(l, _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
   }
-  // bytes 0..15 of sub-block j use scale 2j, bytes 16..31 scale 2j+1
-  inline __m256i scale(int j) const { return lane_word(j < 4 ? first : second, (2 * j) & 7, (2 * j + 1) & 7); }
-#if QD_VNNI
-  // As Q4K::packed_scales, for scales of 16 weights: lane l of a 64-byte dpbusd holds group l / 4 of the 4
-  // groups of its two sub-blocks, so word p of quad q takes scale 8q + L (first pair) or 8q + 4 + L.
-  inline __m512i packed_scales(int q) const {
-    static const QuadIndex idx([](int q, int L, int i) { return 8 * q + (i < 4 ? 0 : 4) + L; });
-    return _mm512_permutexvar_epi16(idx.get(q), _mm512_castsi256_si512(all));
-  }
-#endif
   static constexpr bool FOLD = true;
   inline __m256i fold(const XBlock& x) const {  // the -32 of every weight: -32 * scale * 16-value sums
     return _mm256_madd_epi16(minus32sc, _mm256_loadu_si256((const __m256i*)x.bsum16));
   }
   template <int T>
   inline __m256i offsets(const XBlock*) const { return _mm256_setzero_si256(); }
+};
+
+// Bit j of every byte of v moved to bit P, the other bits cleared. The shifts are 16-bit, but the bit kept in
+// each byte comes from that same byte (j, P < 8).
+template <int P>
+static inline __m256i byte_bit(__m256i v, int j) {
+  const __m256i moved = j <= P ? _mm256_slli_epi16(v, P - j) : _mm256_srli_epi16(v, j - P);
+  return _mm256_and_si256(moved, _mm256_set1_epi8(1 << P));
+}
+
+// The 2-bit field at bits 2s..2s+1 of every byte of v (Q3_K's and Q2_K's low bits, s = 0..3).
+static inline __m256i crumbs(__m256i v, int s) { return _mm256_and_si256(_mm256_srli_epi16(v, 2 * s), _mm256_set1_epi8(3)); }
+
+// Q4K with a fifth bit per weight (unsigned 0..31): d, dmin, Q4K's 12 scale bytes, 32 bytes of fifth bits (bit j of
+// byte l for weight l of sub-block j), then Q4K's 128 nibble bytes. Its scales and mins are Q4K's; a sum of
+// 4 products, at most 4 * 31 * 127, still fits int16.
+struct Q5K : Q4K {
+  static constexpr int BYTES = 176;
+  const uint8_t* qh;
+  inline void load(const uint8_t* b) {
+    Q4K::load(b);
+    qh = b + 16;
+    q = b + 48;
+  }
+  inline __m256i weights(int j) const {
+    return _mm256_or_si256(Q4K::weights(j), byte_bit<4>(_mm256_loadu_si256((const __m256i*)qh), j));
+  }
+};
+
+// 16 scales of 16 weights, 6 bits each stored plus 32, and 3-bit weights -4..3: bytes 0-31 the third bits (bit j of
+// byte l for weight l of sub-block j; a set bit means +0, a clear one -4), 32-95 the two low bits (sub-block j:
+// bits 2(j%4) of byte 32(j/4) + l), 96-107 the scales, 108 the fp16 d. w = d*(sc-32)*(u-4) with u = low | third
+// << 2, multiplied unsigned (0..7); the -4 is folded as Q6K folds its -32.
+struct Q3K : Scales16 {
+  static constexpr int QK = 256, BYTES = 110, SUB = 8;
+  static constexpr bool K = true, SIGNED = false, OFFSET = false, QUAD = true;
+  const uint8_t *hm, *qs;
+  float d, off_scale;
+  __m256i minus4sc;  // -4 times each of the 16 scales, as int16
+  // Scale k has its low nibble in byte k (k < 8) or in the high nibble of byte k - 8, and its two high bits at
+  // bits 2(k/4) of byte 8 + k%4. Out: scales 0-3, 4-7, 8-11, 12-15, one byte each, still plus 32.
+  static inline void unpack_scales(const uint8_t* packed, uint32_t out[4]) {
+    uint32_t w[3];
+    memcpy(w, packed, 12);
+    const uint32_t low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    out[0] = (w[0] & low4) | ((w[2] & low2) << 4);
+    out[1] = (w[1] & low4) | (((w[2] >> 2) & low2) << 4);
+    out[2] = ((w[0] >> 4) & low4) | (((w[2] >> 4) & low2) << 4);
+    out[3] = ((w[1] >> 4) & low4) | (((w[2] >> 6) & low2) << 4);
+  }
+  inline void load(const uint8_t* b) {
+    d = f16(b + 108);
+    off_scale = 0.0f;
+    uint32_t sc[4];
+    unpack_scales(b + 96, sc);
+    const __m128i bytes = _mm_setr_epi32((int)sc[0], (int)sc[1], (int)sc[2], (int)sc[3]);
+    const __m256i sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(bytes), _mm256_set1_epi16(32));
+    set_scales(sc16);
+    minus4sc = _mm256_mullo_epi16(sc16, _mm256_set1_epi16(-4));
+    hm = b;
+    qs = b + 32;
+  }
+  inline __m256i weights(int j) const {
+    const __m256i low = crumbs(_mm256_loadu_si256((const __m256i*)(qs + 32 * (j >> 2))), j & 3);
+    return _mm256_or_si256(low, byte_bit<2>(_mm256_loadu_si256((const __m256i*)hm), j));
+  }
+  static constexpr bool FOLD = true;
+  inline __m256i fold(const XBlock& x) const {  // the -4 of every weight: -4 * scale * 16-value sums
+    return _mm256_madd_epi16(minus4sc, _mm256_loadu_si256((const __m256i*)x.bsum16));
+  }
+  template <int T>
+  inline __m256i offsets(const XBlock*) const { return _mm256_setzero_si256(); }
+};
+
+// 16 sub-blocks of 16 weights, 2 bits each (0..3), with a 4-bit scale (low nibble) and 4-bit min (high nibble) in
+// bytes 0-15; bytes 16-79 the weights (sub-block j of 32: bits 2(j%4) of byte 16 + 32(j/4) + l), 80 fp16 d, 82 fp16
+// dmin. w = d*sc*q - dmin*m.
+struct Q2K : Scales16 {
+  static constexpr int QK = 256, BYTES = 84, SUB = 8;
+  static constexpr bool K = true, SIGNED = false, OFFSET = true, QUAD = true;
+  const uint8_t* qs;
+  float d, off_scale;
+  __m256i mins;  // the 16 mins as int16
+  inline void load(const uint8_t* b) {
+    d = f16(b + 80);
+    off_scale = -f16(b + 82);
+    const __m128i bytes = _mm_loadu_si128((const __m128i*)b), low4 = _mm_set1_epi8(15);
+    set_scales(_mm256_cvtepu8_epi16(_mm_and_si128(bytes, low4)));
+    mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
+    qs = b + 16;
+  }
+  inline __m256i weights(int j) const { return crumbs(_mm256_loadu_si256((const __m256i*)(qs + 32 * (j >> 2))), j & 3); }
+  static constexpr bool FOLD = false;
+  inline __m256i fold(const XBlock&) const { return _mm256_setzero_si256(); }
+  inline __m128i offset_parts(const XBlock& x) const {  // min * (sum of the 16 activations), in fours
+    const __m256i p = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i*)x.bsum16));
+    return _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+  }
+  template <int T>
+  inline __m256i offsets(const XBlock* x) const {  // lane t: the offset of token x[t]
+    __m128i v[8];
+    for (int t = 0; t < 8; ++t) v[t] = t < T ? offset_parts(x[t]) : _mm_setzero_si128();
+    return Q4K::reduce_parts(v);
+  }
 };
 
 // 32-weight blocks: nibbles of 16 bytes, weights 0..15 low, 16..31 high.
@@ -311,6 +423,78 @@ struct Q8_0 {  // w = d*q, q signed: multiplied as |q| times x with q's sign
   inline __m256i offsets(const XBlock*) const { return _mm256_setzero_si256(); }
 };
 
+struct Q5_1 {  // w = d*q + m, q = nibble | fifth bit (bit i of qh for weight i) << 4: d, m, 4 bytes qh, 16 of nibbles
+  static constexpr int QK = 32, BYTES = 24, SUB = 1;
+  static constexpr bool K = false, SIGNED = false, OFFSET = true;
+  const uint8_t* b;
+  float d, off_scale;
+  inline void load(const uint8_t* p) { b = p; d = f16(p); off_scale = f16(p + 2); }
+  inline __m256i weights(int) const {
+    uint32_t qh;
+    memcpy(&qh, b + 4, 4);
+    return _mm256_or_si256(nibbles32(b + 8), bits_to_0x10(qh));
+  }
+  inline __m256i scale(int) const { return _mm256_set1_epi16(1); }
+  static constexpr bool FOLD = false;
+  inline __m256i fold(const XBlock&) const { return _mm256_setzero_si256(); }
+  inline int32_t offset(const XBlock& x) const { return x.sum32; }
+};
+
+// The IQ4 types store 4-bit indices into one fixed table of 16 signed weight values (non-uniform, denser near
+// zero); a byte shuffle looks them up, the table in both 128-bit lanes.
+static inline __m256i iq4_values(__m256i nibbles) {
+  const __m128i table = _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), nibbles);
+}
+
+struct IQ4NL {  // w = d*value[index]: fp16 d, 16 bytes of indices laid out as Q4_0's nibbles; signed as Q8_0's
+  static constexpr int QK = 32, BYTES = 18, SUB = 1;
+  static constexpr bool K = false, SIGNED = true, OFFSET = false;
+  const uint8_t* b;
+  float d, off_scale;
+  inline void load(const uint8_t* p) { b = p; d = f16(p); off_scale = 0.0f; }
+  inline __m256i weights(int) const { return iq4_values(nibbles32(b + 2)); }
+  inline __m256i scale(int) const { return _mm256_set1_epi16(1); }
+  static constexpr bool FOLD = false;
+  inline __m256i fold(const XBlock&) const { return _mm256_setzero_si256(); }
+  inline int32_t offset(const XBlock&) const { return 0; }
+};
+
+// 8 sub-blocks of 32 IQ4 indices, each with a 6-bit scale stored plus 32: fp16 d, a 16-bit word of the scales' high
+// bit pairs (bits 2j, 2j+1 for sub-block j), 4 bytes of their low nibbles (sub-block j: nibble j%2 of byte j/2),
+// then 16 bytes of indices per sub-block, laid out as IQ4_NL's. w = d*(sc-32)*value[index]. The weights are signed
+// (|w| <= 127): multiplied as |w| times x with w's sign, and 4 such products can exceed int16, so tile() takes
+// the unpacked form on the VNNI path too (QUAD false).
+struct IQ4XS {
+  static constexpr int QK = 256, BYTES = 136, SUB = 8;
+  static constexpr bool K = true, SIGNED = true, OFFSET = false, QUAD = false;
+  const uint8_t* qs;
+  float d, off_scale;
+  __m256i scales;  // both lanes: the 8 scales as int16
+  inline void load(const uint8_t* b) {
+    d = f16(b);
+    off_scale = 0.0f;
+    uint16_t high;
+    uint32_t low;
+    memcpy(&high, b + 2, 2);
+    memcpy(&low, b + 4, 4);
+    // word j: byte j/2 of the low nibbles, times 16 where j is even so that >> 4 leaves nibble j%2 on top
+    const __m128i pairs = _mm_cvtepu8_epi16(_mm_shuffle_epi8(_mm_cvtsi32_si128((int)low), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1)));
+    const __m128i lo = _mm_and_si128(_mm_srli_epi16(_mm_mullo_epi16(pairs, _mm_setr_epi16(16, 1, 16, 1, 16, 1, 16, 1)), 4), _mm_set1_epi16(15));
+    // word j: bits 2j, 2j+1 of the high word moved to the top (times 2^(14 - 2j)), then down to bits 4-5
+    const __m128i up = _mm_mullo_epi16(_mm_set1_epi16((short)high), _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6, 1 << 4, 1 << 2, 1));
+    const __m128i hi = _mm_slli_epi16(_mm_srli_epi16(up, 14), 4);
+    scales = _mm256_broadcastsi128_si256(_mm_sub_epi16(_mm_or_si128(lo, hi), _mm_set1_epi16(32)));
+    qs = b + 8;
+  }
+  inline __m256i weights(int j) const { return iq4_values(nibbles32(qs + 16 * j)); }
+  inline __m256i scale(int j) const { return lane_word(scales, j, j); }
+  static constexpr bool FOLD = false;
+  inline __m256i fold(const XBlock&) const { return _mm256_setzero_si256(); }
+  template <int T>
+  inline __m256i offsets(const XBlock*) const { return _mm256_setzero_si256(); }
+};
+
 // The rows of a chunk lie end to end in memory, and a thread walks them in order. The hardware
 // prefetcher alone left a decode step well below the memory's bandwidth (rows of a 1536-wide matrix are
 // under 1 KB); asking for the lines PREFETCH_BYTES ahead, across into the next row, closes most of the gap.
@@ -331,6 +515,18 @@ inline __m256i lane_sums(const __m256i* s) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20), _mm256_permute2x128_si256(q0, q1, 0x31));
 }
 
+// x with the signs of a signed type's weights w (maddubs multiplies unsigned by signed bytes, so a signed type
+// multiplies |w| by x carrying w's sign; a zero weight zeroes its product either way); x itself for the others.
+template <class B>
+static inline __m256i signed_like(__m256i x, __m256i w) { return B::SIGNED ? _mm256_sign_epi8(x, w) : x; }
+
+// acc + the scaled products of a k-quant block's sub-block j with the activations at xq + 32 j.
+template <class B>
+static inline __m256i mad_weights(__m256i acc, const B& b, int j, const int8_t* xq) {
+  const __m256i wv = b.weights(j), x = _mm256_loadu_si256((const __m256i*)(xq + 32 * j));
+  return mad_scaled<true>(acc, B::SIGNED ? _mm256_sign_epi8(wv, wv) : wv, signed_like<B>(x, wv), b.scale(j));
+}
+
 // One weight row of a k-quant type against tokens t0..t0+T-1, over the whole row. Per block and token: an exact
 // integer sum s, then acc = fma(float(s), d * dx, acc) (and the same for an offset term), block after
 // block; the result is acc + offset. T >= 2 runs it in one vector lane per token, tile_one() for a lone
@@ -339,7 +535,7 @@ inline __m256i lane_sums(const __m256i* s) {
 // tests that must catch it.
 template <class B, int T>
 void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
-  static_assert(B::K && !B::SIGNED, "tile() takes the unsigned k-quant types; tile_lanes() the 32-weight ones");
+  static_assert(B::K, "tile() takes the k-quant types; tile_lanes() the 32-weight ones");
   static_assert(T >= 2 && T <= 16, "one token runs in tile_one(); at most 16 tokens, two vectors of float lanes");
   constexpr int G = (T + 7) / 8;  // float vectors: tokens 8g .. 8g+7 in vector g
   const int64_t nblk = a.in / B::QK;
@@ -361,7 +557,7 @@ void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int
     for (int t = 0; t < T; ++t)
       xb[t] = {a.kq + (first + t) * 256, 0.0f, a.kbsum + (first + t) * 16, a.kbsum32 + (first + t) * 8, 0};
 #if QD_VNNI
-    {  // Four sub-blocks per step: two 512-bit dpbusd, whose int32 lanes (sums of 4 products, |sum| <= 4 * 63 * 127)
+    if constexpr (B::QUAD) {  // Four sub-blocks per step: two 512-bit dpbusd, whose int32 lanes (sums of 4 products, |sum| <= 4 * 63 * 127)
        // fit int16, packed into one dpwssd with the scales: three multiplies per 128 weights and token instead
        // of four (maddubs and dpwssd per 64), the same integers.
       __m512i wide[T];
@@ -380,17 +576,19 @@ void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int
       for (int t = 0; t < T; ++t)
         s[t] = _mm256_add_epi32(B::FOLD ? b.fold(xb[t]) : _mm256_setzero_si256(),
                                 _mm256_add_epi32(_mm512_castsi512_si256(wide[t]), _mm512_extracti64x4_epi64(wide[t], 1)));
-    }
-#else
-    for (int t = 0; t < T; ++t) s[t] = B::FOLD ? b.fold(xb[t]) : _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int j = 0; j < B::SUB; ++j) {
-      const __m256i wv = b.weights(j);  // k-quant weights are unsigned: no sign trick here
-      const __m256i sc = b.scale(j);
-      for (int t = 0; t < T; ++t)
-        s[t] = mad_scaled<(T >= 4)>(s[t], wv, _mm256_loadu_si256((const __m256i*)(xb[t].q + 32 * j)), sc);
-    }
+    } else
 #endif
+    {
+      for (int t = 0; t < T; ++t) s[t] = B::FOLD ? b.fold(xb[t]) : _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int j = 0; j < B::SUB; ++j) {
+        const __m256i wv = b.weights(j);
+        const __m256i wa = B::SIGNED ? _mm256_sign_epi8(wv, wv) : wv;  // signed weights: |w| times x with w's sign
+        const __m256i sc = b.scale(j);
+        for (int t = 0; t < T; ++t)
+          s[t] = mad_scaled<(T >= 4)>(s[t], wa, signed_like<B>(_mm256_loadu_si256((const __m256i*)(xb[t].q + 32 * j)), wv), sc);
+      }
+    }
     __m256i sums[G], offs[G];  // lane t of vector g: the block's exact sum (and offset) of token 8g + t
     sums[0] = lane_sums<(T < 8 ? T : 8)>(s);
     offs[0] = b.template offsets<(T < 8 ? T : 8)>(xb);
@@ -427,7 +625,7 @@ void tile(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int
 // consecutive blocks overlap instead of waiting on one long chain of latencies.
 template <class B>
 void tile_one(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t perturb_token) {
-  static_assert(B::K && !B::SIGNED && B::SUB % 2 == 0, "tile_one() takes the unsigned k-quant types");
+  static_assert(B::K && B::SUB % 2 == 0, "tile_one() takes the k-quant types");
   const int64_t nblk = a.in / B::QK;
   const bool perturb = perturb_token == t0;
   const float* xd = a.kd + t0 * nblk;
@@ -441,8 +639,8 @@ void tile_one(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t pert
     __m256i s0 = B::FOLD ? b.fold(xb) : _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int j = 0; j < B::SUB; j += 2) {
-      s0 = mad_scaled<true>(s0, b.weights(j), _mm256_loadu_si256((const __m256i*)(xb.q + 32 * j)), b.scale(j));
-      s1 = mad_scaled<true>(s1, b.weights(j + 1), _mm256_loadu_si256((const __m256i*)(xb.q + 32 * j + 32)), b.scale(j + 1));
+      s0 = mad_weights<B>(s0, b, j, xb.q);
+      s1 = mad_weights<B>(s1, b, j + 1, xb.q);
     }
     const __m128 sum = _mm_cvtepi32_ps(hsum_i32_v(_mm256_add_epi32(s0, s1)));
     if (perturb && (blk & 1)) odd = _mm_fmadd_ss(sum, _mm_set_ss(b.d * xb.d), odd);
@@ -1009,8 +1207,14 @@ bool visit_type(int64_t type, F&& f) {
     case 2: f(Q4_0{}); return true;
     case 3: f(Q4_1{}); return true;
     case 6: f(Q5_0{}); return true;
+    case 7: f(Q5_1{}); return true;
     case 8: f(Q8_0{}); return true;
+    case 10: f(Q2K{}); return true;
+    case 11: f(Q3K{}); return true;
     case 12: f(Q4K{}); return true;
+    case 13: f(Q5K{}); return true;
+    case 20: f(IQ4NL{}); return true;
+    case 23: f(IQ4XS{}); return true;
     case Q4_K_UNPACKED: f(Q4KR{}); return true;
     case Q4_K_X16: f(Q4KX16{}); return true;
     case Q6_K_X16: f(Q6KX16{}); return true;

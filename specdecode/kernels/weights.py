@@ -17,9 +17,9 @@ SKINNY_MAX_ROWS = 16
 GGUF_KERNEL_TYPES = frozenset({3, 8, 12, 14})
 
 
-# ggml block types the int8 kernel (quant_dot.cpp) reads: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K. A test checks
-# this against the kernel's own list (quant_block_types).
-QUANT_KERNEL_TYPES = frozenset({2, 3, 6, 8, 12, 14})
+# ggml block types the int8 kernel (quant_dot.cpp) reads: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
+# Q6_K, IQ4_NL, IQ4_XS. A test checks this against the kernel's own list (quant_block_types).
+QUANT_KERNEL_TYPES = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23})
 Q8_0, Q4_K = 8, 12
 # Not a ggml type: Q4_K with its packed 6-bit scales and mins unpacked to bytes at load (148 bytes a
 # block instead of 144), which the kernel multiplies with fewer instructions and the same bits.

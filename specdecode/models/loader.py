@@ -27,7 +27,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 QUANTIZED = {"int8", "q8_0"}
 LAYER_MATRICES = ("qkv", "out_proj", "gate_up", "down")
 # v2: every block type either kernel reads (v1 kept only the float32 kernel's, without Q5_0).
-BLOCKS_FILE = "gguf_blocks-v2.safetensors"
+# Named by the block types the kernels read: a file saved when they read fewer types left those matrices out, and
+# the int8 model would requantize them to Q8_0; a kernel that reads more therefore saves (and reads) a new file.
+BLOCKS_FILE = "gguf_blocks-v2-{}.safetensors".format(
+    hashlib.sha256(repr(sorted(kernels.GGUF_KERNEL_TYPES | kernels.QUANT_KERNEL_TYPES)).encode()).hexdigest()[:8])
 
 
 @dataclass
@@ -190,6 +193,8 @@ def _read_blocks(gguf_path: Path, folder: Path, config: ModelConfig) -> dict:
     blocks_file = folder / BLOCKS_FILE
     if not blocks_file.is_file():  # converted by an older version
         cachefiles.sweep(folder, (".gguf_blocks-*.tmp",))
+        for stale in folder.glob("gguf_blocks-*.safetensors"):  # saved for another set of block types
+            cachefiles.remove_quietly(stale)
         tmp = folder / (cachefiles.temp_prefix(f".{BLOCKS_FILE}") + ".tmp")
         try:
             _save_blocks(read_gguf_blocks(gguf_path, config), tmp)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from testlib import TINY_CONFIGS as CONFIGS
-from testlib import kquant_model, make_tiny_model, token_by_token, tokens_for
+from testlib import NEWER_KQUANT_LAYOUT, kquant_model, make_tiny_model, token_by_token, tokens_for
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -121,6 +121,11 @@ def whole_model(precision: str, name: str):
         _to_quant_weights(model, blocks)
         assert kernels.Q4_K_X16 in model.layers[0].qkv.types
         return model
+    if precision == "newer-kquant":  # Q5_K, Q3_K, Q2_K, IQ4_XS blocks in their GGUF layouts
+        model, blocks = kquant_model(seed=11, arch=CONFIGS[name].get("arch", "llama"), layout=NEWER_KQUANT_LAYOUT)
+        _to_quant_weights(model, blocks)
+        assert model.layers[0].qkv.types == [13, 11, 10]
+        return model
     model = make_tiny_model(seed=11, **CONFIGS[name])
     if precision == "q5_0":
         blocks = {}
@@ -137,7 +142,7 @@ def whole_model(precision: str, name: str):
     return model
 
 
-@pytest.mark.parametrize("precision", ["float32", "int8", "kquant", "q5_0"])
+@pytest.mark.parametrize("precision", ["float32", "int8", "kquant", "newer-kquant", "q5_0"])
 @pytest.mark.parametrize("name", CONFIGS)
 def test_rows_are_bitwise_the_same_in_any_block(name, precision):
     """A token computed alone (decode step), in a verify block of up to 65 rows (K = 64, the API's

@@ -6,9 +6,17 @@ import torch
 
 from specdecode import kernels
 
-TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q8_0")
+TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q5_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "Q5_1")
 # float16 fields of each block type, as byte offsets (random bytes there could be inf or NaN)
-SCALE_OFFSETS = {"Q6_K": [208], "Q4_K": [0, 2], "Q4_1": [0, 2], "Q8_0": [0], "Q4_0": [0], "Q5_0": [0]}
+SCALE_OFFSETS = {"Q6_K": [208], "Q4_K": [0, 2], "Q4_1": [0, 2], "Q8_0": [0], "Q4_0": [0], "Q5_0": [0],
+                 "Q5_K": [0, 2], "Q3_K": [108], "Q2_K": [80, 82], "IQ4_NL": [0], "IQ4_XS": [0], "Q5_1": [0, 2]}
+
+
+def activation_block(name: str) -> int:
+    """Values per activation scale: 256 for the types with 256-weight blocks (k-quants, IQ4_XS), else 32."""
+    import gguf
+
+    return 256 if gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]][0] == 256 else 32
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +77,7 @@ def test_values_are_the_dequantized_weights_times_the_quantized_activations(kern
     cols = 512
     parts, dense = make_parts([name], 13, cols)
     x = torch.randn(5, cols, generator=torch.Generator().manual_seed(1))
-    reference = quantized_activations(x.numpy(), 256 if name.endswith("_K") else 32) @ dense.T
+    reference = quantized_activations(x.numpy(), activation_block(name)) @ dense.T
     for isa in isa_paths(kernel):
         y = run(kernel, x, parts, isa).numpy()
         scale = np.abs(reference).max()
@@ -88,12 +96,13 @@ def other_isa_paths(kernel) -> list[str]:
     return others
 
 
-ROW_BLOCK_NAMES = [(n,) for n in TYPES] + [("Q4_K", "Q4_K", "Q6_K"), ("Q5_0", "Q8_0")]
+ROW_BLOCK_NAMES = [(n,) for n in TYPES] + [("Q4_K", "Q4_K", "Q6_K"), ("Q5_0", "Q8_0"), ("Q5_K", "Q3_K", "Q2_K", "IQ4_XS"),
+                                           ("IQ4_NL", "Q5_1")]
 
 
 def rows_alone_and_in_blocks(kernel, names, isa):
     """Blocks of 1..16 rows, every row against the same row alone; returns the rows alone."""
-    cols = 768 if any(n.endswith("_K") for n in names) else 224
+    cols = 768 if any(activation_block(n) == 256 for n in names) else 224
     parts, _ = make_parts(names, 70, cols, seed=5)
     x = torch.randn(16, cols, generator=torch.Generator().manual_seed(2)) * 3
     alone = torch.cat([run(kernel, x[i : i + 1], parts, isa) for i in range(16)])
@@ -123,6 +132,15 @@ def test_the_row_check_fails_when_one_rows_summation_order_changes(kernel):
     """The broken variant: row 3 of a block sums its lanes in another order. The comparison of the
     previous test must catch it, on every path."""
     assert_a_broken_row_is_caught(kernel, make_parts(("Q4_K", "Q6_K"), 70, 768, seed=5)[0])
+
+
+@pytest.mark.parametrize("name", ["Q5_K", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "Q5_1"])
+def test_the_row_check_fails_for_each_newer_type_when_one_rows_summation_order_changes(kernel, name):
+    """The same broken variant on the block types added for GGUF files of every common quantization: full tiles
+    (8 or 16 tokens) and remainders."""
+    parts = make_parts((name,), 37, 768, seed=5)[0]
+    for rows in (5, 9, 16):
+        assert_a_broken_row_is_caught(kernel, parts, rows)
 
 
 def assert_a_broken_row_is_caught(kernel, parts, rows: int = 9):
@@ -257,5 +275,5 @@ def test_bad_arguments_are_errors_not_crashes(kernel):
     with pytest.raises(RuntimeError, match="row size"):
         run(kernel, torch.zeros(1, 512), parts)
     with pytest.raises(RuntimeError, match="unsupported"):
-        kernel.quant_linear(torch.zeros(1, 256), [parts[0][1]], [13], "auto", -1)
+        kernel.quant_linear(torch.zeros(1, 256), [parts[0][1]], [16], "auto", -1)  # IQ2_XXS
     assert set(kernel.quant_block_types()) == kernels.QUANT_KERNEL_TYPES
