@@ -657,8 +657,8 @@ def _unsupported_files(folder):
         (write_gguf(folder / "phi3-longrope.gguf", make_tiny_model(seed=62, arch="phi3", n_kv_heads=4), tokenizer=True,
                     extra_kv=longrope), r"unsupported rope scaling 'longrope'.*covers llama3, linear and yarn"),
         (write_gguf(folder / "f32.gguf", make_tiny_model(seed=63), tokenizer=True),
-         r"9 matrices hold blocks the int8 kernel does not read \(15 F32 tensors; it reads Q4_0, Q4_1, Q5_0, Q8_0, Q4_K,"
-         r" Q6_K\); run --precision float32 .* or --precision q8_0"),
+         r"9 matrices hold blocks the int8 kernel does not read \(15 F32 tensors; it reads Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,"
+         r" Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS\); run --precision float32 .* or --precision q8_0"),
     ]
 
 
