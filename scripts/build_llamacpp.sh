@@ -3,7 +3,9 @@
 # llama-quantize) from the llama.cpp vendored in the llama-cpp-python sdist, for `specdecode bench --peers`,
 # for serving benchmarks against llama-server (several slots, -np) and for test files of every quantization.
 #
-# Usage: scripts/build_llamacpp.sh [BIN_DIR]
+# Usage: scripts/build_llamacpp.sh [--sources] [BIN_DIR]
+#   --sources        only fetch and unpack the sources (convert_hf_to_gguf.py, gguf-py): what the tests that convert
+#                    tiny models need; seconds instead of a build
 #   BIN_DIR          where the binaries go (default: $LLAMACPP_BIN, else ${SPECDECODE_CACHE:-~/.cache/specdecode}/llama.cpp/bin)
 #   LLAMACPP_CMAKE_FLAGS  extra cmake flags appended to the configure line (e.g. "-DGGML_AVX512=ON")
 #   LLAMACPP_JOBS    parallel compile jobs (default 2)
@@ -19,6 +21,8 @@
 # nor OpenSSL (OpenSSL, if found, only adds HTTPS support).
 set -euo pipefail
 
+SOURCES_ONLY=0
+if [ "${1:-}" = "--sources" ]; then SOURCES_ONLY=1; shift; fi
 VERSION=${LLAMACPP_PY_VERSION:-0.3.36}
 BIN=${1:-${LLAMACPP_BIN:-${SPECDECODE_CACHE:-$HOME/.cache/specdecode}/llama.cpp/bin}}
 JOBS=${LLAMACPP_JOBS:-2}
@@ -39,7 +43,7 @@ FLAGS="$ISA_FLAGS ${LLAMACPP_CMAKE_FLAGS:-}"
 
 missing=0
 for t in "${TARGETS[@]}"; do [ -x "$BIN/$t" ] || missing=1; done
-if [ "$missing" = 0 ] && [ "$(cat "$BIN/.flags" 2>/dev/null)" = "$FLAGS" ]; then
+if [ "$SOURCES_ONLY" = 0 ] && [ "$missing" = 0 ] && [ "$(cat "$BIN/.flags" 2>/dev/null)" = "$FLAGS" ]; then
   echo "build_llamacpp: binaries already in $BIN" >&2
   exit 0
 fi
@@ -66,6 +70,10 @@ if [ ! -f "$SRC/CMakeLists.txt" ]; then
   tar xzf "$sdist"
 fi
 [ -f "$SRC/CMakeLists.txt" ] || { echo "build_llamacpp: no vendor/llama.cpp in the sdist" >&2; exit 1; }
+if [ "$SOURCES_ONLY" = 1 ]; then
+  echo "build_llamacpp: sources in $SRC" >&2
+  exit 0
+fi
 
 CMAKE=cmake
 if ! command -v cmake >/dev/null 2>&1; then
