@@ -196,7 +196,10 @@ def test_int8_target_speculative_equals_its_autoregressive(arch, kind, k):
     # With K auto, a weak draft may rightly not be worth a single token: whether its first proposal passes
     # the stop rule depends on measured timings. Every other case must have drafted.
     assert result.stats.drafted > 0 or (kind == "weak" and k == "auto")
-    if kind == "strong":  # accepted runs, not only rejections, went through the verify path
+    # Accepted runs, not only rejections, went through the verify path. Not asked of K auto: how far the adaptive
+    # rule lets a tiny model's draft run depends on measured timings (a busy machine makes it stop early), and
+    # the fixed K above put accepted runs through the same path.
+    if kind == "strong" and k != "auto":
         assert result.stats.accepted > 0
 
 
