@@ -16,6 +16,7 @@ import torch
 from specdecode.errors import ModelError
 from specdecode.models.gguf_loader import load_gguf_model
 from specdecode.models.hf_loader import config_from_hf, load_hf_native
+from test_rope import hf_logits, max_diff, native_logits
 
 MAX_ABS_DIFF = 2e-3  # float32 on both sides, as test_hf_match and test_rope
 TWIN_MIN_DIFF = 20 * MAX_ABS_DIFF  # a broken twin must miss by at least this much
@@ -66,19 +67,6 @@ def randomize(model):
             else:
                 param.copy_(0.2 * torch.randn_like(param))
     return model.eval()
-
-
-def hf_logits(model, ids) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=torch.tensor([ids])).logits[0].float()
-
-
-def native_logits(model, ids) -> torch.Tensor:
-    return model(torch.tensor(ids), model.new_cache(len(ids) + 1))
-
-
-def max_diff(a, b) -> float:
-    return (a - b).abs().max().item()
 
 
 def check_matches(native, expected, ids, what: str) -> None:
