@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import replace
 
 from .policy import CostModel, DraftStopRule
+from .tuning_params import DEFAULT, TuningParams
 
 
 class AcceptanceRecord:
@@ -24,23 +25,22 @@ class AcceptanceRecord:
     so its failing drafts stop taking rows from the others. Never above 1: doing better than predicted says
     little about the weak tokens."""
 
-    DECAY = 0.9  # per judged step
-    PRIOR = 1.0  # tokens' worth of the prior that the calibration is right
-
-    def __init__(self):
+    def __init__(self, params: TuningParams = DEFAULT):
+        self.decay = params.batch_record_decay
+        self.prior = params.batch_record_prior
         self.predicted = 0.0
         self.accepted = 0.0
         self.pending: list[float] = []  # the per-token predictions of the draft now being verified
 
     def factor(self) -> float:
-        return min(1.0, (self.accepted + self.PRIOR) / (self.predicted + self.PRIOR))
+        return min(1.0, (self.accepted + self.prior) / (self.predicted + self.prior))
 
     def judged(self, accepted: int) -> None:
         """The target judged the draft: tokens up to the first rejection were tested."""
         tested = self.pending[: accepted + 1]
         if tested:
-            self.predicted = self.DECAY * self.predicted + sum(tested)
-            self.accepted = self.DECAY * self.accepted + min(accepted, len(tested))
+            self.predicted = self.decay * self.predicted + sum(tested)
+            self.accepted = self.decay * self.accepted + min(accepted, len(tested))
         self.pending = []
 
 

@@ -29,6 +29,7 @@ from .stats import GenerationStats
 from .generation import Generation, StreamEvent
 from .text import Stopper
 from .tuner import Tuner
+from .tuning_params import DEFAULT as DEFAULT_TUNING, TuningParams
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class Engine:
         suffix_store_tokens: int = 262_144,
         auto_draft_model: bool = True,
         allow_inexact: bool = False,
+        tuning_params: TuningParams = DEFAULT_TUNING,
     ):
         # Where rows of a block are not computed as the row alone, a verify block can round differently from
         # the decode step it stands for, and at a near-tie speculation then picks another token than plain
@@ -120,7 +122,7 @@ class Engine:
         if isinstance(target.model, Transformer) and target.model.device.type == "cpu" and not target.model.int8:
             prefill_chunk = min(prefill_chunk, kernels.FLOAT32_CHUNKED_MAX_ROWS)
         self.prefill_chunk = prefill_chunk
-        self.tuner = Tuner()  # what the engine learns across steps and generations
+        self.tuner = Tuner(tuning_params)  # what the engine learns across steps and generations
         self.suffix_store = SuffixStore(suffix_store_tokens)  # earlier requests, for the suffix drafter
         self.check_invariants = check_invariants
         self._drafters: dict[str, Drafter] = {}
@@ -248,7 +250,7 @@ class Engine:
         drafter begins, and the adaptive K gets its costs if it lacks them."""
         stopper = Stopper(self.tokenizer, request.max_new_tokens, request.stop)
         generation = Generation(slot, list(request.prompt_ids), drafter, request.sampling, stopper, request.should_stop,
-                                self.row_controls(request))
+                                self.row_controls(request), self.tuner.params)
         if self.inexact is not None:
             generation.stats.exact = False
             generation.stats.notes.append(f"not row-exact ({self.inexact}): speculative output may differ from plain"

@@ -21,6 +21,7 @@ from .batch_plan import AcceptanceRecord
 from .step import StepResult, block_segment, finish_step, judge_block, propose
 from .text import Stopper, TextStep
 from .tuner import GenerationTuning
+from .tuning_params import DEFAULT as DEFAULT_TUNING, TuningParams
 
 
 @dataclass
@@ -40,7 +41,8 @@ class Generation:
     """slot: what holds this request's target cache (`cache`, `cached_ids`: the tokens it holds)."""
 
     def __init__(self, slot, prompt_ids: list[int], drafter: Drafter | None, sampling: SamplingParams,
-                 stopper: Stopper, should_stop=None, controls: RowControls | None = None):
+                 stopper: Stopper, should_stop=None, controls: RowControls | None = None,
+                 tuning_params: TuningParams = DEFAULT_TUNING):
         self.slot = slot
         self.prompt_ids = prompt_ids
         self.drafter = drafter
@@ -54,7 +56,7 @@ class Generation:
         self.tuning: GenerationTuning | None = None  # from the engine once the prompt is read
         self.tuning_args: tuple = (None, Drafter.default_max_k, 0.0)  # fixed K, largest K, min confidence
         self.unread = 0  # prompt tokens the draft model has yet to read
-        self.acceptance_record = AcceptanceRecord()  # its drafts' record in batched passes (batch_plan.py)
+        self.acceptance_record = AcceptanceRecord(tuning_params)  # its drafts' record in batched passes (batch_plan.py)
         self.started = time.perf_counter()
         self.draft = Draft()
         self.draft_seconds = 0.0

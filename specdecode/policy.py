@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .drafters.base import StopRule
 from .stats import expected_tokens_per_pass
+from .tuning_params import DEFAULT, TuningParams
 
 
 class CostModel:
@@ -24,7 +25,7 @@ class CostModel:
     is busy for a while slows every block size alike, so the ratios hold.
     """
 
-    def __init__(self, smoothing: float = 0.2):
+    def __init__(self, smoothing: float = DEFAULT.cost_smoothing):
         self.smoothing = smoothing
         self.target: dict[int, float] = {}  # as timed (smoothed); read through target_cost
         self.single_at: dict[int, float] = {}  # block size -> the single step's estimate when it was timed
@@ -87,9 +88,9 @@ class CostModel:
 class AcceptanceEstimate:
     """Per-token acceptance probability from (accepted, drafted) outcomes, recent steps weighted more."""
 
-    prior: float = 0.6
-    prior_weight: float = 2.0
-    decay: float = 0.95
+    prior: float = DEFAULT.acceptance_prior
+    prior_weight: float = DEFAULT.acceptance_prior_weight
+    decay: float = DEFAULT.acceptance_decay
     successes: float = field(default=0.0)
     trials: float = field(default=0.0)
 
@@ -114,27 +115,24 @@ class DraftLengthPolicy:
       running acceptance estimate and the measured costs;
     - self-stopping chains (draft model with the stop rule): the chain decides its own length, so the
       policy only decides whether drafting pays at all, by comparing the measured tokens per second of
-      recent drafting steps (draft + verify time) with a plain step's. A prior worth `prior_steps` steps
-      at `prior_speedup` keeps one unlucky step from switching drafting off.
+      recent drafting steps (draft + verify time) with a plain step's. A prior worth `params.prior_steps`
+      steps at `prior_speedup` keeps one unlucky step from switching drafting off.
     """
 
-    def __init__(self, costs: CostModel, drafter: str, fixed_k: int | None, max_k: int = 8, probe_every: int = 12,
-                 chain_stops_itself: bool = False, rate_decay: float = 0.85, prior_speedup: float = 1.2,
-                 prior_steps: float = 3.0, drafts_are_free: bool = False):
+    def __init__(self, costs: CostModel, drafter: str, fixed_k: int | None, max_k: int = 8,
+                 chain_stops_itself: bool = False, drafts_are_free: bool = False, params: TuningParams = DEFAULT):
         self.costs = costs
         self.drafter = drafter
         self.fixed_k = fixed_k
         self.max_k = max_k
-        self.probe_every = probe_every
+        self.params = params
         self.chain_stops_itself = chain_stops_itself
-        self.rate_decay = rate_decay
-        self.prior_speedup = prior_speedup
-        self.prior_steps = prior_steps
+        self.prior_speedup = params.prior_speedup  # a generation starts from what earlier ones measured
         # A model-free drafter's refusal costs nothing, so its stop rule alone decides, step by step, how much
         # of a match to verify (nothing when no token pays); a measured-rate off switch would also silence the
         # long, confident matches it exists for.
         self.drafts_are_free = drafts_are_free
-        self.acceptance = AcceptanceEstimate()
+        self.acceptance = AcceptanceEstimate(params.acceptance_prior, params.acceptance_prior_weight, params.acceptance_decay)
         self.plain_streak = 0
         self.plain_steps = 0
         self.drafting_steps = 0
@@ -148,10 +146,10 @@ class DraftLengthPolicy:
         if best_k == 0:
             self.plain_streak += 1
             self.plain_steps += 1
-            if self.plain_streak >= self.probe_every:
+            if self.plain_streak >= self.params.probe_every:
                 self.plain_streak = 0
                 # a probe: is the draft agreeing again?
-                return self.max_k if self.chain_stops_itself else min(2, self.max_k)
+                return self.max_k if self.chain_stops_itself else min(self.params.probe_k, self.max_k)
             return 0
         self.plain_streak = 0
         return best_k
@@ -170,8 +168,9 @@ class DraftLengthPolicy:
             plain = self.costs.target_cost(1)
             if plain is None:
                 return self.max_k
-            tokens = self.draft_tokens + self.prior_steps * self.prior_speedup
-            seconds = self.draft_seconds + self.prior_steps * plain
+            prior_steps = self.params.prior_steps
+            tokens = self.draft_tokens + prior_steps * self.prior_speedup
+            seconds = self.draft_seconds + prior_steps * plain
             return self.max_k if tokens / seconds > 1.0 / plain else 0
         best_k, best_rate = 0, self._rate(0)
         for k in range(1, self.max_k + 1):
@@ -194,8 +193,9 @@ class DraftLengthPolicy:
         self.acceptance.update(accepted, drafted, wasted)
         if seconds is not None and (drafted or wasted):
             self.drafting_steps += 1
-            self.draft_tokens = self.rate_decay * self.draft_tokens + tokens
-            self.draft_seconds = self.rate_decay * self.draft_seconds + seconds
+            decay = self.params.rate_decay
+            self.draft_tokens = decay * self.draft_tokens + tokens
+            self.draft_seconds = decay * self.draft_seconds + seconds
 
 
 class ConfidenceCalibration:
@@ -205,7 +205,7 @@ class ConfidenceCalibration:
     acceptance, so each bin starts at its centre and moves toward the measured rate.
     """
 
-    def __init__(self, bins: int = 10, prior_weight: float = 4.0):
+    def __init__(self, bins: int = DEFAULT.calibration_bins, prior_weight: float = DEFAULT.calibration_prior_weight):
         self.bins = bins
         self.prior_weight = prior_weight
         self.successes = [0.0] * bins
@@ -234,13 +234,10 @@ class DraftStopRule(StopRule):
     worth running if the next token, predicted as likely as this one, also repays that pass.
     """
 
-    # This generation's own record of first draft tokens: the weight of the prior that it behaves like earlier
-    # generations, and how fast old evidence fades (per judged draft).
-    LOCAL_PRIOR_TOKENS = 2.0
-    LOCAL_DECAY = 0.98
-
-    def __init__(self, costs: CostModel, drafter: str, calibration: ConfidenceCalibration, min_confidence: float = 0.0):
+    def __init__(self, costs: CostModel, drafter: str, calibration: ConfidenceCalibration, min_confidence: float = 0.0,
+                 params: TuningParams = DEFAULT):
         self.costs = costs
+        self.params = params
         self.drafter = drafter
         self.calibration = calibration
         self.min_confidence = min_confidence
@@ -259,13 +256,14 @@ class DraftStopRule(StopRule):
         is accepted it tends to run on, which the pooled calibration of later tokens already knows, and a
         factor compounded along the chain cut long copies short (HumanEval: tau 3.7 -> 1.9). Never above 1:
         drafts that start well say little about the weak ones."""
-        w = self.LOCAL_PRIOR_TOKENS
+        w = self.params.first_token_prior
         return min(1.0, (self.first_accepted + w) / (self.first_expected + w))
 
     def judged_first(self, confidence: float, accepted: bool) -> None:
         """The target judged the first token of one of this generation's drafts (before calibrating on it)."""
-        self.first_expected = self.LOCAL_DECAY * self.first_expected + self.calibration(confidence)
-        self.first_accepted = self.LOCAL_DECAY * self.first_accepted + accepted
+        decay = self.params.first_token_decay
+        self.first_expected = decay * self.first_expected + self.calibration(confidence)
+        self.first_accepted = decay * self.first_accepted + accepted
 
     def _marginal_verify(self, drafted: int) -> float:
         now, more = self.costs.target_cost(drafted + 1), self.costs.target_cost(drafted + 2)

@@ -11,17 +11,13 @@ from __future__ import annotations
 from .drafters.base import Drafter, StopRule
 from .policy import ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule, MinConfidenceRule
 from .stats import GenerationStats
-
-# Tokens an answer is assumed to still have before it has shown more: the draft model reads a prompt
-# at once only if drafting that many tokens would repay the read (see GenerationTuning.draft_prefill_pays).
-ANSWER_CREDIT = 32
-# A draft model that has been losing is still tried on one in this many chances, to notice a recovery.
-PROBE_EVERY = 12
+from .tuning_params import DEFAULT, TuningParams
 
 
 class Tuner:
-    def __init__(self):
-        self.costs = CostModel()
+    def __init__(self, params: TuningParams = DEFAULT):
+        self.params = params
+        self.costs = CostModel(params.cost_smoothing)
         # Per drafter: how often the target accepts a draft token of a given confidence (the draft model's
         # top probability, or prompt lookup's match-length score).
         self.calibrations: dict[str, ConfidenceCalibration] = {}
@@ -48,6 +44,7 @@ class GenerationTuning:
     def __init__(self, tuner: Tuner, drafter: Drafter | None, fixed_k: int | None, max_k: int,
                  min_confidence: float, unread_prompt: int, prompt_len: int, target_prefill: float):
         self.tuner = tuner
+        self.params = tuner.params
         self.costs = tuner.costs
         self.drafter = drafter
         self.name = drafter.name if drafter is not None else "none"
@@ -60,11 +57,12 @@ class GenerationTuning:
         self.stop_rule = self._stop_rule(chain_rule, min_confidence if drafter is not None and drafter.model_drafter else 0.0)
         self.policy = DraftLengthPolicy(self.costs, self.name, fixed_k if drafter else 0, max_k,
                                         chain_stops_itself=chain_rule,
-                                        drafts_are_free=chain_rule and not drafter.has_model)
+                                        drafts_are_free=chain_rule and not drafter.has_model, params=self.params)
         self.budget, self.generated = 0, 0
         self.model_steps, self.model_tokens, self.model_seconds, self.model_refusals = 0, 0.0, 0.0, 0
         if chain_rule and self.name in tuner.drafting_speedup:
-            self.policy.prior_speedup = min(1.5, max(0.7, tuner.drafting_speedup[self.name]))
+            low, high = self.params.prior_speedup_range
+            self.policy.prior_speedup = min(high, max(low, tuner.drafting_speedup[self.name]))
 
     def _stop_rule(self, chain_rule: bool, min_confidence: float) -> StopRule | None:
         if chain_rule and len(self.drafter.sources) > 1:
@@ -76,8 +74,13 @@ class GenerationTuning:
         return None
 
     def rule_for(self, source: str, min_confidence: float = 0.0) -> DraftStopRule:
-        calibration = self.tuner.calibrations.setdefault(source, ConfidenceCalibration())
-        return DraftStopRule(self.costs, source, calibration, min_confidence)
+        return DraftStopRule(self.costs, source, self._calibration(source), min_confidence, self.params)
+
+    def _calibration(self, source: str) -> ConfidenceCalibration:
+        calibrations = self.tuner.calibrations
+        if source not in calibrations:
+            calibrations[source] = ConfidenceCalibration(self.params.calibration_bins, self.params.calibration_prior_weight)
+        return calibrations[source]
 
     @property
     def draft_needs_prompt(self) -> bool:
@@ -103,31 +106,32 @@ class GenerationTuning:
         the policy's prior expects. How many will come is unknown: the budget overstates it for short answers
         (Spec-Bench RAG answers 9-57 tokens after 600-1000-token prompts, where reading the prompt into the
         draft made speculation slower than plain decoding). So, as when renting before buying, count on as
-        many tokens as the answer already has, and at least ANSWER_CREDIT: a short prompt is read at once, a
+        many tokens as the answer already has, and at least `params.answer_credit`: a short prompt is read at once, a
         long one once the answer has shown it will repay it. Prefill cost: measured per prompt token earlier,
         else estimated from this generation's target prefill scaled by the draft/target step cost ratio.
         """
         plain = self.costs.target_cost(1)
         if plain is None:
             return True
-        # A losing history still lets a probe explore, judged at a modest 1.2x.
-        speedup = max(self.policy.prior_speedup, 1.2)
+        # A losing history still lets a probe explore, judged at a modest speedup.
+        speedup = max(self.policy.prior_speedup, self.params.probe_speedup_floor)
         per_token = self.tuner.draft_prefill_cost.get(name)
         if per_token is None:
             draft = self.costs.draft.get(name)
             if draft is None:
                 return True
             per_token = self.target_prefill / max(1, self.prompt_len) * draft / plain
-        expected_left = min(budget, max(generated, ANSWER_CREDIT))
+        expected_left = min(budget, max(generated, self.params.answer_credit))
         saving = expected_left * plain * (1.0 - 1.0 / speedup)
         return saving > per_token * unread
 
     def observe_draft_prefill(self, seconds: float) -> None:
         """The draft model has read the prompt, in `seconds`."""
-        if self.unread_prompt >= 16:  # shorter reads are mostly fixed overhead
+        if self.unread_prompt >= self.params.prefill_min_tokens:
             old = self.tuner.draft_prefill_cost.get(self.name)
             per_token = seconds / self.unread_prompt
-            self.tuner.draft_prefill_cost[self.name] = per_token if old is None else 0.5 * (old + per_token)
+            keep = self.params.prefill_cost_keep
+            self.tuner.draft_prefill_cost[self.name] = per_token if old is None else keep * old + (1 - keep) * per_token
         self.unread_prompt = 0
 
     def observe(self, step, record_cost: bool = True, record_draft_cost: bool = True) -> None:
@@ -149,8 +153,9 @@ class GenerationTuning:
         self.policy.update(step.accepted, draft.drafted, wasted=int(wasted), seconds=seconds, tokens=len(step.tokens))
         if draft.source == "draft":  # a multi-source drafter's model steps, judged on their own
             self.model_steps += 1
-            self.model_tokens = self.policy.rate_decay * self.model_tokens + len(step.tokens)
-            self.model_seconds = self.policy.rate_decay * self.model_seconds + seconds
+            decay = self.params.rate_decay
+            self.model_tokens = decay * self.model_tokens + len(step.tokens)
+            self.model_seconds = decay * self.model_seconds + seconds
         self._calibrate_confidence(draft, step.accepted, source)
 
     def _steady_seconds(self, step, source: str) -> float:
@@ -165,7 +170,7 @@ class GenerationTuning:
     def _calibrate_confidence(self, draft, accepted: int, source: str) -> None:
         if draft.is_tree or not draft.confidences:
             return
-        calibration = self.tuner.calibrations.setdefault(source, ConfidenceCalibration())
+        calibration = self._calibration(source)
         rule = self.stop_rule.for_source(source) if self.stop_rule is not None else None
         first = draft.confidences[0]
         if isinstance(rule, DraftStopRule) and first == first:  # judged against the calibration before it learns
@@ -177,39 +182,44 @@ class GenerationTuning:
 
     def end(self, stats: GenerationStats) -> None:
         """The generation is over: keep its drafting speedup as the next one's prior; costs and notes to stats."""
-        policy = self.policy
+        policy, params = self.policy, self.params
         plain = self.costs.target_cost(1)
-        if self.model_steps >= 3 and plain is not None:  # a multi-source drafter: its model steps' speedup
+        enough = params.min_steps_to_remember
+        if self.model_steps >= enough and plain is not None:  # a multi-source drafter: its model steps' speedup
             self._remember_speedup("draft", self.model_tokens / self.model_seconds * plain)
-        elif policy.chain_stops_itself and policy.drafting_steps >= 3 and policy.measured_speedup() is not None:
+        elif policy.chain_stops_itself and policy.drafting_steps >= enough and policy.measured_speedup() is not None:
             self._remember_speedup(self.name, policy.measured_speedup())
         stats.single_step_cost = self.costs.target_cost(1)
         stats.draft_step_cost = self.costs.draft.get(self.name) if self.drafter is not None else None
         stats.verify_cost_by_block = {n: self.costs.target_cost(n) for n in sorted(self.costs.target)}
-        alpha = stats.alpha
-        if alpha is not None and stats.drafted >= 8:
-            if alpha < 0.3:
+        self._acceptance_notes(stats)
+
+    def _acceptance_notes(self, stats: GenerationStats) -> None:
+        params, alpha = self.params, stats.alpha
+        if alpha is not None and stats.drafted >= params.min_drafted_for_note:
+            if alpha < params.low_alpha:
                 stats.notes.append(
                     f"low acceptance (alpha {alpha:.2f}): speculation likely costs more than it saves here"
-                    + ("; the adaptive policy fell back to plain decoding" if policy.plain_steps else "")
+                    + ("; the adaptive policy fell back to plain decoding" if self.policy.plain_steps else "")
                 )
-            elif alpha < 0.6:
+            elif alpha < params.moderate_alpha:
                 stats.notes.append(f"moderate acceptance (alpha {alpha:.2f}): expect a modest speedup at best")
-        if policy.plain_steps:
-            stats.notes.append(f"adaptive K chose plain decoding for {policy.plain_steps} of {stats.target_passes} steps")
+        if self.policy.plain_steps:
+            stats.notes.append(f"adaptive K chose plain decoding for {self.policy.plain_steps} of {stats.target_passes} steps")
 
     def _remember_speedup(self, name: str, measured: float) -> None:
         old = self.tuner.drafting_speedup.get(name)
-        self.tuner.drafting_speedup[name] = measured if old is None else 0.6 * old + 0.4 * measured
+        keep = self.params.remembered_speedup_keep
+        self.tuner.drafting_speedup[name] = measured if old is None else keep * old + (1 - keep) * measured
 
     def model_pays(self, context: list[int]) -> bool:
         """For a multi-source drafter: is drafting with its model worth it now? Not where the model's recent
-        speedup was below 1 (but every PROBE_EVERY-th chance still probes it), nor where reading the prompt
+        speedup was below 1 (but every `params.probe_every`-th chance still probes it), nor where reading the prompt
         into it would cost more than drafting the rest of the answer can save."""
         prior = self.tuner.drafting_speedup.get("draft")
         if prior is not None and prior < 1.0:
             self.model_refusals += 1
-            if self.model_refusals % PROBE_EVERY:
+            if self.model_refusals % self.params.probe_every:
                 return False
         unread = self.drafter.model.unread_tokens(context)
         return unread <= 2 or self.draft_prefill_pays(self.budget, self.generated, "draft", unread)

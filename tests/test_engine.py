@@ -279,9 +279,8 @@ def test_draft_model_skips_a_prompt_prefill_the_answer_cannot_repay(engine, monk
 def test_a_long_prompt_is_read_by_the_draft_model_only_once_the_answer_shows_it_will_repay_it(pair, monkeypatch):
     # ~26 unread tokens at 2.5 ms cost 65 ms; a token drafted at the 1.2x prior saves ~1.7 ms of a 10 ms step.
     # The 90-token budget would repay that at once, but the engine counts on the answer's length so far
-    # (at least ANSWER_CREDIT = 32 tokens, 53 ms): it decodes plainly until ~39 tokens, then drafts.
+    # (at least TuningParams.answer_credit = 32 tokens, 53 ms): it decodes plainly until ~39 tokens, then drafts.
     from specdecode import step as step_module
-    from specdecode import tuner as tuner_module
 
     engine = Engine(as_loaded(pair[0], name="target"), as_loaded(pair[1], name="draft"), max_context=128, check_invariants=True)
     monkeypatch.setattr(engine.tuner.costs, "record_target", lambda *a: None)
@@ -302,7 +301,7 @@ def test_a_long_prompt_is_read_by_the_draft_model_only_once_the_answer_shows_it_
     engine.reset()
     engine.tuner.drafting_speedup.clear()
     known_costs(engine, draft_prefill_per_token=0.0025)
-    result = engine.generate(long_prompt, drafter="draft", k="auto", max_new_tokens=tuner_module.ANSWER_CREDIT + 6)
+    result = engine.generate(long_prompt, drafter="draft", k="auto", max_new_tokens=engine.tuner.params.answer_credit + 6)
     assert result.stats.draft_passes == 0 and engine._drafters["draft"].cache.length == 0
     assert result.token_ids == plain.token_ids[: len(result.token_ids)]
 

@@ -143,3 +143,17 @@ def test_a_losing_history_makes_the_next_generation_start_with_plain_decoding():
     assert policy.measured_speedup() is None
     policy.update(4, 4, seconds=0.66, tokens=5)
     assert policy.measured_speedup() == pytest.approx(5 / 0.66 * 0.33)
+
+
+def test_the_tuning_parameters_reach_the_policy_and_the_tuner():
+    """One record holds every constant: a changed probe interval and prior change what the policy chooses."""
+    from specdecode.tuner import Tuner
+    from specdecode.tuning_params import TuningParams
+
+    params = TuningParams(probe_every=3, probe_k=1, acceptance_prior=0.0)
+    policy = DraftLengthPolicy(costs(), "draft", fixed_k=None, max_k=8, params=params)
+    assert [policy.choose() for _ in range(6)] == [0, 0, 1, 0, 0, 1]  # nothing accepted yet: plain, probing K=1
+    tuner = Tuner(params)
+    assert tuner.costs.smoothing == params.cost_smoothing
+    tuning = tuner.start(None, None, 8)
+    assert tuning.params is params
