@@ -10,7 +10,6 @@ attention to it or to torch.
 from .dispatch import (
     FLOAT32_CHUNKED_MAX_ROWS,
     LOW_PRECISION_CHUNKED_MAX_ROWS,
-    PREFILL_GEMM,
     READ_GGUF_BLOCKS,
     block_attention,
     int8_attn_in,
@@ -18,6 +17,7 @@ from .dispatch import (
     int8_layer,
     linear,
 )
+from .options import OPTIONS, KernelOptions
 from .native import KERNEL_CFLAGS, KERNEL_HEADERS, KERNEL_SOURCES, kernel_build_dir, kernel_status, load_kernel
 from .weights import (
     GGUF_KERNEL_TYPES,
@@ -26,7 +26,6 @@ from .weights import (
     Q5_0_X16,
     Q6_K_X16,
     Q8_0,
-    QUANT_ISA,
     QUANT_ISAS,
     QUANT_KERNEL_TYPES,
     SKINNY_MAX_ROWS,
@@ -34,5 +33,6 @@ from .weights import (
     QuantWeight,
     check_quant_isa,
     gguf_blocks_enabled,
+    quant_isa,
     quant_isa_paths,
 )

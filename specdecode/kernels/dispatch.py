@@ -7,24 +7,22 @@ the exact kernel computes, see FLOAT32_CHUNKED_MAX_ROWS).
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import native
-from .weights import QUANT_ISA, SKINNY_MAX_ROWS, GGUFWeight, QuantWeight
+from . import options
+from .weights import SKINNY_MAX_ROWS, GGUFWeight, QuantWeight, quant_isa
 
 # Prompt-sized products up to these row counts also run through the kernel, in SKINNY_MAX_ROWS chunks,
 # because below them the GEMM loses on the CPUs measured (docs/cpu.md): bfloat16/int8 weights would first
 # be converted to float32 for it, and for a few dozen rows it still streams and packs 4 bytes per weight.
 LOW_PRECISION_CHUNKED_MAX_ROWS = 256
 FLOAT32_CHUNKED_MAX_ROWS = 128
-# Prefill-sized float32 products go through numpy's BLAS (OpenBLAS), faster than torch's GEMM for these
-# shapes where measured (docs/cpu.md). Plain and speculative decoding share the prefill, so this changes
-# no comparison between them.
-PREFILL_GEMM = os.environ.get("SPECDECODE_PREFILL_GEMM", "numpy")
+# Prefill-sized float32 products go through numpy's BLAS (OpenBLAS) unless options.OPTIONS.prefill_gemm says
+# torch: faster than torch's GEMM for these shapes where measured (docs/cpu.md). Plain and speculative decoding
+# share the prefill, so this changes no comparison between them.
 
 
 def int8_attn_in(x: torch.Tensor, layer, cos, sin, config) -> torch.Tensor:
@@ -32,7 +30,7 @@ def int8_attn_in(x: torch.Tensor, layer, cos, sin, config) -> torch.Tensor:
     an int8 layer (models.transformer.DecoderLayer) in one call: [T, q + 2 kv]."""
     return native._kernel.int8_attn_in(x.contiguous(), layer.attn_norm, config.rms_norm_eps, layer.qkv.parts, layer.qkv.types,
                                        layer.qkv_bias, layer.q_norm, layer.k_norm, cos.contiguous(), sin.contiguous(),
-                                       config.n_heads, config.n_kv_heads, config.head_dim, QUANT_ISA)
+                                       config.n_heads, config.n_kv_heads, config.head_dim, quant_isa())
 
 
 # The gate activations the int8 layer computes (int8_layer.cpp's Activation), by models.config.Architecture.activation.
@@ -44,7 +42,7 @@ def int8_attn_out(x: torch.Tensor, attn: torch.Tensor, layer, config) -> torch.T
     RMSNorm, gated MLP (and its norm), residual."""
     return native._kernel.int8_attn_out(
         x.contiguous(), attn, layer.out_proj.parts, layer.out_proj.types, layer.mlp_norm, config.rms_norm_eps,
-        layer.gate_up.parts, layer.gate_up.types, layer.down.parts, layer.down.types, QUANT_ISA, layer.post_attn_norm,
+        layer.gate_up.parts, layer.gate_up.types, layer.down.parts, layer.down.types, quant_isa(), layer.post_attn_norm,
         layer.post_mlp_norm, ACTIVATIONS[config.architecture.activation])
 
 
@@ -67,7 +65,7 @@ def int8_layer(x: torch.Tensor, layer, layer_index: int, spans, cos, sin, config
         [s.cache.keys[layer_index] for s in spans], [s.cache.values[layer_index] for s in spans],
         [s.start for s in spans], [s.rows for s in spans], [none if s.visible is None else s.visible for s in spans],
         layer.out_proj.parts, layer.out_proj.types, layer.mlp_norm, layer.gate_up.parts, layer.gate_up.types,
-        layer.down.parts, layer.down.types, QUANT_ISA, layer.post_attn_norm, layer.post_mlp_norm,
+        layer.down.parts, layer.down.types, quant_isa(), layer.post_attn_norm, layer.post_mlp_norm,
         ACTIVATIONS[c.architecture.activation], c.attention_scale or 0.0, layer.window)
 
 
@@ -128,7 +126,7 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
     if (
-        PREFILL_GEMM == "numpy"
+        options.OPTIONS.prefill_gemm == "numpy"
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and x.numel() // x.shape[-1] > SKINNY_MAX_ROWS

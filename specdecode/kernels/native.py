@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import os
 import sys
 import threading
 from pathlib import Path
 
 import torch
+
+from . import options
 
 _lock = threading.Lock()
 _kernel = None  # the loaded extension module; None until loaded, or where unavailable
@@ -38,7 +39,7 @@ def isa_build_flags() -> list[str]:
     an AVX2-only CPU compiles one copy of the kernel instead of three. SPECDECODE_KERNEL_ISAS=all compiles every
     path (a build for other machines). Every path gives the same bits; the flags only decide which exist."""
     flags = _cpu_flags()
-    every = os.environ.get("SPECDECODE_KERNEL_ISAS") == "all"
+    every = options.OPTIONS.build_every_isa
     vnni = every or {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
     amx = every or (vnni and {"amx_tile", "amx_int8"} <= flags)
     return [f"-DQD_BUILD_VNNI={int(vnni)}", f"-DQD_BUILD_AMX={int(amx)}"]
@@ -76,7 +77,7 @@ def load_kernel():
     with _lock:
         if _kernel is not None or _kernel_failed is not None:
             return _kernel
-        if os.environ.get("SPECDECODE_NO_KERNEL"):
+        if options.OPTIONS.disabled:
             _kernel_failed = "disabled by SPECDECODE_NO_KERNEL"
             return None
         if not _cpu_has_avx2_fma():

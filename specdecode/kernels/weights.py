@@ -1,12 +1,11 @@
 """Weight matrices the native kernels read: GGUF blocks for the int8 target, float32 with its blocks kept."""
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..errors import ModelError
-from . import native
+from . import native, options
+from .options import QUANT_ISAS
 from .native import load_kernel
 
 # Rows one kernel call takes: a decode step or a verify block (prompt lookup's largest is 16 tokens).
@@ -34,11 +33,13 @@ _INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148), Q6_K_X16: (
 # Each type that has an interleaved layout, and that layout's type.
 INTERLEAVED = {Q4_K_UNPACKED: Q4_K_X16, Q6_K: Q6_K_X16, Q5_0: Q5_0_X16}
 _DEINTERLEAVED = {x16: source for source, x16 in INTERLEAVED.items()}
-# The int8 kernel's instruction set: "auto" picks AMX (Q4_K tiles of 16 and 32 tokens on the tile units, the rest
-# as VNNI) where the CPU and Linux allow it, else AVX-512 VNNI where present, else AVX2. All give the same bits;
-# SPECDECODE_ISA=avx512-vnni or avx2 forces that path (for A/B timing).
-QUANT_ISA = os.environ.get("SPECDECODE_ISA", "auto")
-QUANT_ISAS = ("auto", "avx2", "avx512-vnni", "amx")
+# The int8 kernel's instruction set (options.OPTIONS.isa): "auto" picks AMX (Q4_K tiles of 16 and 32 tokens on the
+# tile units, the rest as VNNI) where the CPU and Linux allow it, else AVX-512 VNNI where present, else AVX2. All
+# give the same bits; SPECDECODE_ISA=avx512-vnni or avx2 forces that path (for A/B timing).
+
+
+def quant_isa() -> str:
+    return options.OPTIONS.isa
 
 
 def quant_isa_paths() -> list[str]:
@@ -50,30 +51,27 @@ def quant_isa_paths() -> list[str]:
 def check_quant_isa() -> None:
     """Refuse at load a SPECDECODE_ISA the int8 kernel cannot run here: the model would load, then fail every
     product (every request a 500). A ModelError, so the command line prints it as one line."""
-    if QUANT_ISA not in QUANT_ISAS:
-        raise ModelError(f"SPECDECODE_ISA={QUANT_ISA} names no instruction-set path of the int8 kernel;"
+    isa = quant_isa()
+    if isa not in QUANT_ISAS:
+        raise ModelError(f"SPECDECODE_ISA={isa} names no instruction-set path of the int8 kernel;"
                          f" choose one of {', '.join(QUANT_ISAS)}")
-    if QUANT_ISA == "auto":
+    if isa == "auto":
         return
     paths = quant_isa_paths()
-    if QUANT_ISA not in paths:
-        raise ModelError(f"SPECDECODE_ISA={QUANT_ISA}: this CPU lacks that instruction set (the int8 kernel runs"
+    if isa not in paths:
+        raise ModelError(f"SPECDECODE_ISA={isa}: this CPU lacks that instruction set (the int8 kernel runs"
                          f" {', '.join(paths) or 'nothing'} here); unset SPECDECODE_ISA or choose one of those")
 
 
 def _kernel_layout(block_type: int, blocks: torch.Tensor) -> tuple[int, torch.Tensor]:
     """GGUF blocks in the kernel's faster layouts (same results): Q4_K with its scales unpacked, then Q4_K and Q6_K
     interleaved where the rows come in groups of 16; other types unchanged."""
-    if block_type == Q4_K and UNPACK_Q4_K:
+    if block_type == Q4_K and options.OPTIONS.unpack_q4_k:
         block_type, blocks = Q4_K_UNPACKED, load_kernel().repack_q4k(blocks)
-    if block_type in INTERLEAVED and INTERLEAVE_K and blocks.shape[0] % 16 == 0:
+    if block_type in INTERLEAVED and options.OPTIONS.interleave_k and blocks.shape[0] % 16 == 0:
         return INTERLEAVED[block_type], load_kernel().interleave_k(blocks, block_type, True)
     return block_type, blocks
 
-
-# Off: the GGUF layouts stay (for the tests that every layout gives the same bits).
-UNPACK_Q4_K = True
-INTERLEAVE_K = True
 
 
 class QuantWeight:
@@ -119,7 +117,7 @@ class QuantWeight:
         """x [..., in] float32 -> [..., out]; any number of rows, SKINNY_MAX_ROWS per kernel call."""
         flat = x.reshape(-1, x.shape[-1])
         calls = [
-            native._kernel.quant_linear(flat[i : i + SKINNY_MAX_ROWS], self.parts, self.types, QUANT_ISA, -1)
+            native._kernel.quant_linear(flat[i : i + SKINNY_MAX_ROWS], self.parts, self.types, quant_isa(), -1)
             for i in range(0, flat.shape[0], SKINNY_MAX_ROWS)
         ]
         y = calls[0] if len(calls) == 1 else torch.cat(calls)
@@ -129,7 +127,7 @@ class QuantWeight:
 def gguf_blocks_enabled(device) -> bool:
     """Whether a float32 model loaded from GGUF on this device should keep its blocks for the gguf kernel.
     SPECDECODE_DENSE_WEIGHTS=1 turns it off (same outputs, float32 weights streamed: for A/B timing)."""
-    return torch.device(device).type == "cpu" and load_kernel() is not None and not os.environ.get("SPECDECODE_DENSE_WEIGHTS")
+    return torch.device(device).type == "cpu" and load_kernel() is not None and not options.OPTIONS.dense_weights
 
 
 class GGUFWeight:

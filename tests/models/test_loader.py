@@ -597,11 +597,11 @@ def test_an_instruction_set_the_cpu_lacks_is_a_model_error_at_load(monkeypatch):
 
     if kernels.load_kernel() is None:
         pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
-    monkeypatch.setattr(kernels.weights, "QUANT_ISA", "amx")
+    monkeypatch.setattr(kernels.options, "OPTIONS", dataclasses.replace(kernels.options.OPTIONS, isa="amx"))
     monkeypatch.setattr(kernels.weights, "quant_isa_paths", lambda: ["avx2"], raising=False)
     with pytest.raises(ModelError, match="SPECDECODE_ISA=amx: this CPU lacks"):
         load_model(SMOLLM2, device="cpu", dtype="int8", max_context=64)
-    monkeypatch.setattr(kernels.weights, "QUANT_ISA", "avx-512")
+    monkeypatch.setattr(kernels.options, "OPTIONS", dataclasses.replace(kernels.options.OPTIONS, isa="avx-512"))
     with pytest.raises(ModelError, match="names no instruction-set path"):
         load_model(SMOLLM2, device="cpu", dtype="int8", max_context=64)
 

@@ -1,4 +1,6 @@
 """Native decoder on tiny random-weight models: block vs token-by-token, rollback, masks, positions."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -84,7 +86,7 @@ def test_a_build_lock_left_by_a_killed_build_does_not_hang_the_next_load():
 def test_prefill_sized_float32_products_agree_whichever_gemm_runs_them(gemm, monkeypatch):
     from specdecode import kernels
 
-    monkeypatch.setattr(kernels.dispatch, "PREFILL_GEMM", gemm)
+    monkeypatch.setattr(kernels.options, "OPTIONS", replace(kernels.options.OPTIONS, prefill_gemm=gemm))
     gen = torch.Generator().manual_seed(2)
     weight, bias = torch.randn(70, 64, generator=gen), torch.randn(70, generator=gen)
     x = torch.randn(2, kernels.FLOAT32_CHUNKED_MAX_ROWS, 64, generator=gen)  # GEMM-sized, in a batch shape
