@@ -7,13 +7,16 @@
 // lets speculative decoding reproduce plain decoding exactly. PyTorch's fused attention rounds a batched
 // causal call differently from single-row calls, so the model used to make one call per row instead;
 // this kernel replaces those calls (28 layers x 16 rows = 448 calls for a 16-token block).
-#include <torch/extension.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "avx2_math.h"
+#include "kernels.h"
 
 namespace {
 
@@ -127,7 +130,7 @@ void attend_group(const float* q, const float* kh, int64_t kstride, const float*
 // gets the bits that chain's row gets. scale: the factor on q.k (<= 0: 1/sqrt(D)). window: > 0 for a sliding
 // window, a row at position p seeing keys at positions after p - window (a tree node's position is start plus
 // its depth, so it still sees the keys of its chain's row).
-torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start, c10::optional<torch::Tensor> visible,
+at::Tensor block_attention_cpu(at::Tensor q, at::Tensor k, at::Tensor v, int64_t start, c10::optional<at::Tensor> visible,
                                   double scale_arg, int64_t window) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
               "block_attention: float32 only");
@@ -143,7 +146,7 @@ torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tenso
   const bool tree = visible && visible->defined();
   if (tree) TORCH_CHECK(visible->scalar_type() == at::kBool && visible->dim() == 2 && visible->size(0) == T && visible->size(1) == T,
                         "block_attention: visible must be a [T, T] bool matrix");
-  auto vis = tree ? visible->contiguous() : torch::Tensor();
+  auto vis = tree ? visible->contiguous() : at::Tensor();
   const bool* seen = tree ? vis.data_ptr<bool>() : nullptr;
   std::vector<int64_t> position(T);  // of each block row: its index in a chain, its depth in a tree
   for (int64_t i = 0; i < T; ++i) position[i] = start + (tree ? std::count(seen + i * T, seen + (i + 1) * T, true) - 1 : i);
@@ -153,7 +156,7 @@ torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tenso
     for (int64_t j = 0; j < T; ++j)
       if ((tree ? seen[i * T + j] : j <= i) && position[j] >= oldest) rows[i].push_back(start + j);
   }
-  auto out = torch::empty_like(qc);
+  auto out = at::empty_like(qc);
   const float* qp = qc.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();

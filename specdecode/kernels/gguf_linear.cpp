@@ -6,11 +6,14 @@
 // dot product then runs the same single-accumulator FMA chain in the same k order as the float32
 // kernel in skinny_linear.cpp. The result is bit-identical to dequantizing the file and running the
 // float32 kernel, while a decoding step streams ~0.56-0.82 bytes per weight instead of 4.
-#include <torch/extension.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include "avx2_math.h"
+#include "kernels.h"
 
 namespace {
 
@@ -246,7 +249,7 @@ std::vector<int64_t> gguf_block_types() {
 
 // x: [..., in] float32 with at most 16 rows; parts: [rows_i, bytes per row] uint8 blocks of the given
 // ggml types, stacked along the output dimension (e.g. the Q, K and V projections of one layer).
-torch::Tensor gguf_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types) {
+at::Tensor gguf_linear_cpu(at::Tensor x, std::vector<at::Tensor> parts, std::vector<int64_t> types) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "gguf_linear: x must be float32 on the CPU");
   TORCH_CHECK(parts.size() == types.size() && !parts.empty(), "gguf_linear: one type per part");
   auto xc = x.contiguous();
@@ -264,7 +267,7 @@ torch::Tensor gguf_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts,
   }
   auto out_sizes = xc.sizes().vec();
   out_sizes.back() = O;
-  auto y = torch::empty(out_sizes, xc.options());
+  auto y = at::empty(out_sizes, xc.options());
   const float* xp = xc.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   int64_t col = 0;

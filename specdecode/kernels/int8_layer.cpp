@@ -12,7 +12,9 @@
 // Every operation reads one row and writes that row, in a fixed order, so a row's result is the
 // same in a decode step, a verify block or a prompt of any length: speculative output stays exactly
 // plain output.
-#include <torch/extension.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -20,12 +22,7 @@
 #include <vector>
 
 #include "avx2_math.h"
-
-void quant_linear_into(const torch::Tensor& x, const std::vector<torch::Tensor>& parts, const std::vector<int64_t>& types,
-                       std::string isa, int64_t perturb_row, torch::Tensor& y);  // quant_dot.cpp
-int64_t out_rows_of_parts(const std::vector<torch::Tensor>& parts);  // quant_dot.cpp
-torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start,
-                                  c10::optional<torch::Tensor> visible, double scale, int64_t window);  // block_attention.cpp
+#include "kernels.h"
 
 namespace {
 
@@ -42,10 +39,10 @@ void for_rows(int64_t T, F&& f) {
 }
 
 // x [T, in] -> [T, out], any T, in calls of at most KERNEL_ROWS rows (each row's result is its own).
-torch::Tensor linear_rows(const torch::Tensor& x, const std::vector<torch::Tensor>& parts, const std::vector<int64_t>& types,
+at::Tensor linear_rows(const at::Tensor& x, const std::vector<at::Tensor>& parts, const std::vector<int64_t>& types,
                           const std::string& isa) {
   const int64_t T = x.size(0);
-  auto y = torch::empty({T, out_rows_of_parts(parts)}, x.options());
+  auto y = at::empty({T, out_rows_of_parts(parts)}, x.options());
   for (int64_t i = 0; i < T; i += KERNEL_ROWS) {
     auto rows = y.narrow(0, i, std::min(KERNEL_ROWS, T - i));  // whole rows: contiguous
     quant_linear_into(x.narrow(0, i, rows.size(0)), parts, types, isa, -1, rows);
@@ -71,7 +68,7 @@ void rms_norm_rows(const float* x, int64_t T, int64_t n, const float* w, float e
 }
 
 // A norm weight of n floats, or nullptr where the model has none.
-const float* optional_weight(const c10::optional<torch::Tensor>& w, int64_t n, const char* what) {
+const float* optional_weight(const c10::optional<at::Tensor>& w, int64_t n, const char* what) {
   if (!w || !w->defined()) return nullptr;
   TORCH_CHECK(w->scalar_type() == at::kFloat && w->is_contiguous() && w->numel() == n, what, ": ", n, " contiguous float32 expected");
   return w->data_ptr<float>();
@@ -117,7 +114,7 @@ void gate_mul(const float* g, const float* u, int64_t n, Activation act, float* 
   }
 }
 
-void check_rows(const torch::Tensor& x, int64_t n, const char* what) {
+void check_rows(const at::Tensor& x, int64_t n, const char* what) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous() && x.size(1) == n && n % 8 == 0, what,
               ": contiguous float32 [T, ", n, "] expected");
 }
@@ -126,15 +123,15 @@ void check_rows(const torch::Tensor& x, int64_t n, const char* what) {
 
 // x [T, hidden]; cos/sin [T, D/2]; bias, q_norm and k_norm ([D], Qwen3) may be undefined. Returns qkv
 // [T, (H + 2 Hkv) * D], q and k normalized per head where there are norms, then rotated.
-torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std::vector<torch::Tensor> qkv_parts,
-                           std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias,
-                           c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor cos,
-                           torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::string isa) {
+at::Tensor int8_attn_in(at::Tensor x, at::Tensor norm, double eps, std::vector<at::Tensor> qkv_parts,
+                           std::vector<int64_t> qkv_types, c10::optional<at::Tensor> bias,
+                           c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm, at::Tensor cos,
+                           at::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::string isa) {
   const int64_t T = x.size(0), n = x.size(1);
   check_rows(x, n, "int8_attn_in");
   TORCH_CHECK(norm.numel() == n && cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == T && cos.size(1) == head_dim / 2,
               "int8_attn_in: norm weight or rotary tables of the wrong shape");
-  auto h = torch::empty_like(x);
+  auto h = at::empty_like(x);
   rms_norm_rows(x.data_ptr<float>(), T, n, norm.data_ptr<float>(), (float)eps, h.data_ptr<float>());
   auto qkv = linear_rows(h, qkv_parts, qkv_types, isa);
   const int64_t width = (heads + 2 * kv_heads) * head_dim;
@@ -165,11 +162,11 @@ torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std:
 
 // x [T, hidden] (the layer input), attn [T, q_size]; post_attn_norm and post_mlp_norm ([hidden], Gemma) may be
 // undefined; activation: an Activation. Returns the layer output.
-torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<torch::Tensor> out_parts,
-                            std::vector<int64_t> out_types, torch::Tensor norm, double eps,
-                            std::vector<torch::Tensor> gate_up_parts, std::vector<int64_t> gate_up_types,
-                            std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa,
-                            c10::optional<torch::Tensor> post_attn_norm, c10::optional<torch::Tensor> post_mlp_norm,
+at::Tensor int8_attn_out(at::Tensor x, at::Tensor attn, std::vector<at::Tensor> out_parts,
+                            std::vector<int64_t> out_types, at::Tensor norm, double eps,
+                            std::vector<at::Tensor> gate_up_parts, std::vector<int64_t> gate_up_types,
+                            std::vector<at::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa,
+                            c10::optional<at::Tensor> post_attn_norm, c10::optional<at::Tensor> post_mlp_norm,
                             int64_t activation) {
   const int64_t T = x.size(0), n = x.size(1);
   check_rows(x, n, "int8_attn_out");
@@ -180,11 +177,11 @@ torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<tor
   auto y = linear_rows(attn.contiguous(), out_parts, out_types, isa);  // attn @ Wo.T, row by row
   if (post_attn) rms_norm_rows(y.data_ptr<float>(), T, n, post_attn, (float)eps, y.data_ptr<float>());
   y.add_(x);
-  auto h = torch::empty_like(y);
+  auto h = at::empty_like(y);
   rms_norm_rows(y.data_ptr<float>(), T, n, norm.data_ptr<float>(), (float)eps, h.data_ptr<float>());
   auto gu = linear_rows(h, gate_up_parts, gate_up_types, isa);
   const int64_t inter = gu.size(1) / 2;
-  auto act = torch::empty({T, inter}, x.options());
+  auto act = at::empty({T, inter}, x.options());
   for_rows(T, [&](int64_t t) {
     gate_mul(gu.data_ptr<float>() + t * 2 * inter, gu.data_ptr<float>() + t * 2 * inter + inter, inter,
              (Activation)activation, act.data_ptr<float>() + t * inter);
@@ -201,16 +198,16 @@ torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<tor
 // attends that cache up to itself (or, for a token tree, visible[s] [rows, rows] as block_attention takes
 // it; an empty tensor means causal; scale and window as block_attention takes them). A row's bits depend on its own inputs and position only, whichever
 // other sequences share the pass: a batch is row-exact as a block is.
-torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, std::vector<torch::Tensor> qkv_parts,
-                         std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias,
-                         c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor cos,
-                         torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::vector<torch::Tensor> keys,
-                         std::vector<torch::Tensor> values, std::vector<int64_t> starts, std::vector<int64_t> rows,
-                         std::vector<torch::Tensor> visible, std::vector<torch::Tensor> out_parts,
-                         std::vector<int64_t> out_types, torch::Tensor mlp_norm, std::vector<torch::Tensor> gate_up_parts,
-                         std::vector<int64_t> gate_up_types, std::vector<torch::Tensor> down_parts,
-                         std::vector<int64_t> down_types, std::string isa, c10::optional<torch::Tensor> post_attn_norm,
-                         c10::optional<torch::Tensor> post_mlp_norm, int64_t activation, double scale, int64_t window) {
+at::Tensor int8_layer(at::Tensor x, at::Tensor attn_norm, double eps, std::vector<at::Tensor> qkv_parts,
+                         std::vector<int64_t> qkv_types, c10::optional<at::Tensor> bias,
+                         c10::optional<at::Tensor> q_norm, c10::optional<at::Tensor> k_norm, at::Tensor cos,
+                         at::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::vector<at::Tensor> keys,
+                         std::vector<at::Tensor> values, std::vector<int64_t> starts, std::vector<int64_t> rows,
+                         std::vector<at::Tensor> visible, std::vector<at::Tensor> out_parts,
+                         std::vector<int64_t> out_types, at::Tensor mlp_norm, std::vector<at::Tensor> gate_up_parts,
+                         std::vector<int64_t> gate_up_types, std::vector<at::Tensor> down_parts,
+                         std::vector<int64_t> down_types, std::string isa, c10::optional<at::Tensor> post_attn_norm,
+                         c10::optional<at::Tensor> post_mlp_norm, int64_t activation, double scale, int64_t window) {
   const int64_t T = x.size(0), S = (int64_t)rows.size();
   TORCH_CHECK((int64_t)keys.size() == S && (int64_t)values.size() == S && (int64_t)starts.size() == S &&
                   (int64_t)visible.size() == S,
@@ -229,7 +226,7 @@ torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, s
   auto qkv = int8_attn_in(x, attn_norm, eps, qkv_parts, qkv_types, bias, q_norm, k_norm, cos, sin, heads, kv_heads, head_dim, isa);
   const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, width = q_size + 2 * kv_size;
   const float* p = qkv.data_ptr<float>();
-  auto attn = torch::empty({T, q_size}, x.options());
+  auto attn = at::empty({T, q_size}, x.options());
   int64_t first = 0;  // the sequence's first row in the block
   for (int64_t s = 0; s < S; ++s) {
     const int64_t n = rows[s], start = starts[s], max_len = keys[s].size(1);
@@ -242,7 +239,7 @@ torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, s
         std::copy_n(row + kv_size, head_dim, vc + (h * max_len + start + t) * head_dim);
       }
     auto q = qkv.narrow(0, first, n).narrow(1, 0, q_size).reshape({n, heads, head_dim});
-    c10::optional<torch::Tensor> vis;
+    c10::optional<at::Tensor> vis;
     if (visible[s].numel()) vis = visible[s];
     auto out = block_attention_cpu(q, keys[s].narrow(1, 0, start + n), values[s].narrow(1, 0, start + n), start, vis, scale, window);
     attn.narrow(0, first, n).copy_(out.view({n, q_size}));

@@ -46,8 +46,8 @@ def isa_build_flags() -> list[str]:
 
 
 _HERE = Path(__file__).parent
-KERNEL_SOURCES = [_HERE / name for name in ("skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "quant_dot.cpp", "int8_layer.cpp")]
-KERNEL_HEADERS = [_HERE / name for name in ("avx2_math.h", "quant_dot_impl.h")]
+KERNEL_SOURCES = [_HERE / name for name in ("bindings.cpp", "skinny_linear.cpp", "block_attention.cpp", "gguf_linear.cpp", "quant_dot.cpp", "int8_layer.cpp")]
+KERNEL_HEADERS = [_HERE / name for name in ("avx2_math.h", "kernels.h", "quant_dot_impl.h")]
 KERNEL_CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 
@@ -89,7 +89,7 @@ def load_kernel():
             build_dir = kernel_build_dir()
             build_dir.mkdir(parents=True, exist_ok=True)
             if not list(build_dir.glob("specdecode_skinny_linear*.so")):
-                print("specdecode: compiling the CPU kernels for this CPU (first use only, 1-3 minutes) ...", file=sys.stderr)
+                print("specdecode: compiling the CPU kernels for this CPU (first use only, about a minute on two cores) ...", file=sys.stderr)
             # PyTorch's own build lock is a plain file: a build killed mid-way (SIGTERM, SIGKILL) leaves it
             # behind and every later load waits on it forever. An flock dies with its process, so whoever holds
             # it knows no other build of ours is running and removes a leftover file first.

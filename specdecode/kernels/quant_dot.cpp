@@ -5,7 +5,9 @@
 // is independent of the other rows in the call, of their number and of the thread split (see
 // quant_dot_impl.h). A verify block of K+1 rows therefore returns, row for row, the bits that K+1
 // single decoding steps return.
-#include <torch/extension.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/Parallel.h>
 #include <cpuid.h>
 #include <immintrin.h>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "avx2_math.h"
+#include "kernels.h"
 
 #define QD_VNNI 0
 namespace qd_avx2 {
@@ -184,8 +187,8 @@ std::vector<std::string> quant_isa_paths() {
 // types, stacked along the output dimension. isa: "auto", "avx2", "avx512-vnni" or "amx". perturb_row >= 0
 // breaks that row's summation order on purpose (tests only).
 // The product written to y, which has x's rows and the parts' total rows as columns (out_rows_of_parts).
-void quant_linear_into(const torch::Tensor& x, const std::vector<torch::Tensor>& parts, const std::vector<int64_t>& types,
-                       std::string isa, int64_t perturb_row, torch::Tensor& y) {
+void quant_linear_into(const at::Tensor& x, const std::vector<at::Tensor>& parts, const std::vector<int64_t>& types,
+                       std::string isa, int64_t perturb_row, at::Tensor& y) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(), "quant_linear: x must be float32 on the CPU");
   TORCH_CHECK(parts.size() == types.size() && !parts.empty(), "quant_linear: one type per part");
   auto xc = x.contiguous();
@@ -252,30 +255,30 @@ void quant_linear_into(const torch::Tensor& x, const std::vector<torch::Tensor>&
   }
 }
 
-int64_t out_rows_of_parts(const std::vector<torch::Tensor>& parts) {
+int64_t out_rows_of_parts(const std::vector<at::Tensor>& parts) {
   int64_t O = 0;
   for (const auto& p : parts) O += p.size(0);
   return O;
 }
 
-torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types,
+at::Tensor quant_linear_cpu(at::Tensor x, std::vector<at::Tensor> parts, std::vector<int64_t> types,
                                std::string isa, int64_t perturb_row) {
   auto out_sizes = x.sizes().vec();
   TORCH_CHECK(!out_sizes.empty() && !parts.empty(), "quant_linear: x [..., in] and at least one part expected");
   out_sizes.back() = out_rows_of_parts(parts);
-  auto y = torch::empty(out_sizes, x.options().dtype(at::kFloat));
+  auto y = at::empty(out_sizes, x.options().dtype(at::kFloat));
   quant_linear_into(x, parts, types, isa, perturb_row, y);
   return y;
 }
 
 // Q4_K blocks [rows, n * 144] to Q4KR blocks [rows, n * 148]: the 12 packed scale bytes become 8 scale bytes
 // and 8 min bytes, everything else is copied. Multiplies give the bits Q4_K gives (tests check it).
-torch::Tensor repack_q4k_cpu(torch::Tensor blocks) {
+at::Tensor repack_q4k_cpu(at::Tensor blocks) {
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.size(1) % 144 == 0,
               "repack_q4k: uint8 [rows, 144k] Q4_K blocks expected");
   auto src = blocks.contiguous();
   const int64_t n = src.numel() / 144;
-  auto out = torch::empty({src.size(0), src.size(1) / 144 * 148}, torch::kUInt8);
+  auto out = at::empty({src.size(0), src.size(1) / 144 * 148}, at::kByte);
   const uint8_t* in = src.data_ptr<uint8_t>();
   uint8_t* op = out.data_ptr<uint8_t>();
   at::parallel_for(0, n, 4096, [&](int64_t b, int64_t e) {
@@ -341,13 +344,13 @@ static int64_t interleavable_block_bytes(int64_t type) {
 // Q4_K_UNPACKED, Q6_K or Q5_0 blocks [rows, n * bytes] (rows a multiple of 16) to their interleaved layout
 // (Q4KX16, Q6KX16, Q50X16 in quant_dot_impl.h), the same size; to_x16 false converts back (for selecting
 // rows). Bits move, none changes.
-torch::Tensor interleave_k_cpu(torch::Tensor blocks, int64_t type, bool to_x16) {
+at::Tensor interleave_k_cpu(at::Tensor blocks, int64_t type, bool to_x16) {
   const int64_t bytes = interleavable_block_bytes(type);
   TORCH_CHECK(bytes > 0, "interleave_k: Q4_K_UNPACKED, Q6_K or Q5_0 blocks only");
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.size(1) % bytes == 0 && blocks.size(0) % 16 == 0,
               "interleave_k: uint8 [16k rows, n blocks] expected");
   auto src = blocks.contiguous();
-  auto out = torch::zeros_like(src);
+  auto out = at::zeros_like(src);
   const int64_t n = src.size(1) / bytes, groups = src.size(0) / 16;
   const uint8_t* in = src.data_ptr<uint8_t>();
   uint8_t* op = out.data_ptr<uint8_t>();
@@ -374,11 +377,11 @@ torch::Tensor interleave_k_cpu(torch::Tensor blocks, int64_t type, bool to_x16) 
 // Float32 weights to Q8_0 blocks (one fp16 scale per 32 weights), for matrices whose GGUF type the
 // kernel cannot read (or that came from a Hugging Face folder): the int8 model then still runs every
 // matmul through quant_linear.
-torch::Tensor quantize_q8_0_cpu(torch::Tensor w) {
+at::Tensor quantize_q8_0_cpu(at::Tensor w) {
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 2 && w.size(1) % 32 == 0, "quantize_q8_0: float32 [rows, 32k] expected");
   auto wc = w.contiguous();
   const int64_t rows = wc.size(0), in = wc.size(1), nb = in / 32;
-  auto out = torch::empty({rows, nb * 34}, torch::kUInt8);
+  auto out = at::empty({rows, nb * 34}, at::kByte);
   const float* wp = wc.data_ptr<float>();
   uint8_t* op = out.data_ptr<uint8_t>();
   at::parallel_for(0, rows, 64, [&](int64_t b, int64_t e) {

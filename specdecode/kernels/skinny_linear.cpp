@@ -1,43 +1,10 @@
 // Small-batch matmul y = x @ w.T for CPU decoding; see kernels/__init__.py for why it exists.
-#include <torch/extension.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include "avx2_math.h"
-
-torch::Tensor block_attention_cpu(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t start,
-                                  c10::optional<torch::Tensor> visible, double scale, int64_t window);  // block_attention.cpp
-torch::Tensor gguf_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types);  // gguf_linear.cpp
-std::vector<int64_t> gguf_block_types();  // gguf_linear.cpp
-torch::Tensor quant_linear_cpu(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<int64_t> types,
-                               std::string isa, int64_t perturb_row);  // quant_dot.cpp
-std::vector<int64_t> quant_block_types();  // quant_dot.cpp
-std::string quant_isa();  // quant_dot.cpp
-std::vector<std::string> quant_isa_paths();  // quant_dot.cpp
-torch::Tensor quantize_q8_0_cpu(torch::Tensor w);  // quant_dot.cpp
-torch::Tensor repack_q4k_cpu(torch::Tensor blocks);  // quant_dot.cpp
-torch::Tensor interleave_k_cpu(torch::Tensor blocks, int64_t type, bool to_x16);  // quant_dot.cpp
-torch::Tensor int8_attn_in(torch::Tensor x, torch::Tensor norm, double eps, std::vector<torch::Tensor> qkv_parts,
-                           std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias,
-                           c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor cos,
-                           torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::string isa);  // int8_layer.cpp
-torch::Tensor int8_attn_out(torch::Tensor x, torch::Tensor attn, std::vector<torch::Tensor> out_parts,
-                            std::vector<int64_t> out_types, torch::Tensor norm, double eps,
-                            std::vector<torch::Tensor> gate_up_parts, std::vector<int64_t> gate_up_types,
-                            std::vector<torch::Tensor> down_parts, std::vector<int64_t> down_types, std::string isa,
-                            c10::optional<torch::Tensor> post_attn_norm, c10::optional<torch::Tensor> post_mlp_norm,
-                            int64_t activation);  // int8_layer.cpp
-torch::Tensor int8_layer(torch::Tensor x, torch::Tensor attn_norm, double eps, std::vector<torch::Tensor> qkv_parts,
-                         std::vector<int64_t> qkv_types, c10::optional<torch::Tensor> bias,
-                         c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor cos,
-                         torch::Tensor sin, int64_t heads, int64_t kv_heads, int64_t head_dim, std::vector<torch::Tensor> keys,
-                         std::vector<torch::Tensor> values, std::vector<int64_t> starts, std::vector<int64_t> rows,
-                         std::vector<torch::Tensor> visible, std::vector<torch::Tensor> out_parts,
-                         std::vector<int64_t> out_types, torch::Tensor mlp_norm, std::vector<torch::Tensor> gate_up_parts,
-                         std::vector<int64_t> gate_up_types, std::vector<torch::Tensor> down_parts,
-                         std::vector<int64_t> down_types, std::string isa, c10::optional<torch::Tensor> post_attn_norm,
-                         c10::optional<torch::Tensor> post_mlp_norm, int64_t activation, double scale,
-                         int64_t window);  // int8_layer.cpp
+#include "kernels.h"
 
 // Weight storage: float32 or bfloat16.
 enum WType { F32 = 0, BF16 = 1 };
@@ -100,7 +67,7 @@ static void run(const float* x, int64_t M, int64_t in, const void* w, int64_t O,
   });
 }
 
-torch::Tensor skinny_linear_cpu(torch::Tensor x, torch::Tensor w) {
+at::Tensor skinny_linear_cpu(at::Tensor x, at::Tensor w) {
   TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, "skinny_linear: weight must be float32 or bfloat16");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "skinny_linear: x must be float32");
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "skinny_linear: weight must be a contiguous matrix");
@@ -108,27 +75,10 @@ torch::Tensor skinny_linear_cpu(torch::Tensor x, torch::Tensor w) {
   auto xc = x.contiguous();
   int64_t in = xc.size(-1), M = xc.numel() / in, O = w.size(0);
   auto out_sizes = xc.sizes().vec(); out_sizes.back() = O;
-  auto y = torch::empty(out_sizes, xc.options());
+  auto y = at::empty(out_sizes, xc.options());
   const float* xp = xc.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   if (w.scalar_type() == at::kBFloat16) run<BF16>(xp, M, in, w.data_ptr(), O, yp);
   else run<F32>(xp, M, in, w.data_ptr(), O, yp);
   return y;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("skinny_linear", &skinny_linear_cpu);
-  m.def("block_attention", &block_attention_cpu);
-  m.def("gguf_linear", &gguf_linear_cpu);
-  m.def("gguf_block_types", &gguf_block_types);
-  m.def("quant_linear", &quant_linear_cpu);
-  m.def("quant_block_types", &quant_block_types);
-  m.def("quant_isa", &quant_isa);
-  m.def("quant_isa_paths", &quant_isa_paths);
-  m.def("quantize_q8_0", &quantize_q8_0_cpu);
-  m.def("repack_q4k", &repack_q4k_cpu);
-  m.def("interleave_k", &interleave_k_cpu);
-  m.def("int8_attn_in", &int8_attn_in);
-  m.def("int8_attn_out", &int8_attn_out);
-  m.def("int8_layer", &int8_layer);
 }

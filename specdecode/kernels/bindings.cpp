@@ -1,0 +1,22 @@
+// The Python module: every kernel of kernels.h under its Python name. The one file that includes
+// torch/python.h (pybind11 and the tensor conversions), so the kernels themselves compile against ATen alone.
+#include <torch/python.h>
+
+#include "kernels.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("skinny_linear", &skinny_linear_cpu);
+  m.def("block_attention", &block_attention_cpu);
+  m.def("gguf_linear", &gguf_linear_cpu);
+  m.def("gguf_block_types", &gguf_block_types);
+  m.def("quant_linear", &quant_linear_cpu);
+  m.def("quant_block_types", &quant_block_types);
+  m.def("quant_isa", &quant_isa);
+  m.def("quant_isa_paths", &quant_isa_paths);
+  m.def("quantize_q8_0", &quantize_q8_0_cpu);
+  m.def("repack_q4k", &repack_q4k_cpu);
+  m.def("interleave_k", &interleave_k_cpu);
+  m.def("int8_attn_in", &int8_attn_in);
+  m.def("int8_attn_out", &int8_attn_out);
+  m.def("int8_layer", &int8_layer);
+}
