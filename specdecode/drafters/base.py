@@ -12,9 +12,6 @@ from ..sampling import PositionNoise, SamplingParams
 @dataclass
 class Draft:
     tokens: list[int] = field(default_factory=list)
-    # [len(tokens), V] processed draft distributions q when sampling; None means the tokens were
-    # chosen deterministically (greedy, or a lookup): the verifier treats q as a point mass.
-    probs: torch.Tensor | None = None
     forward_passes: int = 0  # draft-model passes spent (0 for model-free drafters)
     # Token trees: parents[i] is the block index of token i's parent, where block index 0 is the
     # last accepted token and token i sits at block index i + 1. None means a plain chain.

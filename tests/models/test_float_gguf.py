@@ -12,11 +12,17 @@ from test_phi3 import converted_phi3
 ROUNDING = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
 
-@pytest.fixture(params=list(ROUNDING))
-def float_file(request, tmp_path, monkeypatch, smollm2):
-    hf, path = converted_phi3(tmp_path, smollm2.tokenizer.hf, outtype=request.param)
-    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+@pytest.fixture(scope="module", params=list(ROUNDING))
+def converted(request, tmp_path_factory, smollm2):
+    """One conversion per type for the module: each runs llama.cpp's converter in a fresh Python (~15 s)."""
+    hf, path = converted_phi3(tmp_path_factory.mktemp(request.param), smollm2.tokenizer.hf, outtype=request.param)
     return request.param, hf, path
+
+
+@pytest.fixture
+def float_file(converted, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))  # each test loads from an empty cache
+    return converted
 
 
 def widened(hf, rounding):

@@ -20,6 +20,8 @@ import pytest
 from .conftest import MODEL, wait_until
 
 ray = pytest.importorskip("ray", reason="the 'cluster' extra (ray[serve]) is not installed")
+# One local Ray cluster at a time: under pytest-xdist these and the --replicas test run in one worker.
+pytestmark = pytest.mark.xdist_group("ray")
 
 QUEUE = 16
 BATCH = 1  # generations each replica runs at once: one, so a killed replica has requests queued (the batched

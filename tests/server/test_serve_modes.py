@@ -43,6 +43,7 @@ def test_one_replica_is_the_one_process_server_without_ray():
     assert done.returncode == 0 and "no ray" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.xdist_group("ray")  # one local Ray cluster at a time (test_cluster.py)
 def test_replicas_flag_serves_on_ray_and_sigterm_exits_zero(tmp_path):
     pytest.importorskip("ray", reason="the 'cluster' extra (ray[serve]) is not installed")
     port = free_port()
