@@ -6,8 +6,8 @@ from specdecode.drafters.base import Draft, Drafter
 from specdecode.drafters.draft_model import DraftModelDrafter, common_prefix_len
 from specdecode.drafters.lookup import PromptLookupDrafter, match_confidence
 from specdecode.policy import MinConfidenceRule
-from specdecode.sampling import SamplingParams
-from testlib import make_tiny_model, reference_greedy
+from specdecode.sampling import SamplingParams, probabilities
+from testlib import make_tiny_model, reference_greedy, token_by_token
 
 GREEDY = SamplingParams()
 
@@ -102,7 +102,7 @@ def test_lookup_rejects_bad_ngram_sizes(bad):
 
 
 def test_base_drafter_interface():
-    assert Draft().tokens == [] and Draft().probs is None
+    assert Draft().tokens == [] and Draft().forward_passes == 0
     with pytest.raises(NotImplementedError):
         Drafter().propose([1], 1, GREEDY, gen())
 
@@ -126,7 +126,6 @@ def test_greedy_proposal_is_the_draft_models_own_greedy_continuation(model):
     drafter = DraftModelDrafter(model, max_len=64)
     draft = drafter.propose(CONTEXT, 6, GREEDY, gen())
     assert draft.tokens == reference_greedy(model, CONTEXT, 6)
-    assert draft.probs is None
     assert draft.forward_passes == 6
     # the cache holds the context and every proposed token but the last (never fed)
     assert drafter.cache.length == len(drafter.cached) == len(CONTEXT) + 5
@@ -163,18 +162,19 @@ def test_k_is_capped_by_the_room_in_the_draft_cache(model):
     assert drafter.propose(list(range(12)), 3, GREEDY, gen()).tokens == []
 
 
-def test_sampled_proposals_come_with_their_distributions(model):
+def test_sampled_proposals_are_the_seeded_draws_from_the_processed_rows(model):
     drafter = DraftModelDrafter(model, max_len=64)
     sampling = SamplingParams(temperature=1.0, top_k=20)
     draft = drafter.propose(CONTEXT, 5, sampling, gen(1))
-    assert len(draft.tokens) == 5 and draft.probs.shape == (5, model.config.vocab_size)
-    torch.testing.assert_close(draft.probs.sum(-1), torch.ones(5))
-    assert ((draft.probs > 0).sum(-1) == 20).all()  # processed exactly like the target's rows
-    for row, token in enumerate(draft.tokens):
-        assert draft.probs[row, token] > 0
-    # same seed, same proposal; each token is the seeded draw at its sequence position
+    assert len(draft.tokens) == 5 and draft.forward_passes == 5
+    # each token is the seeded draw at its sequence position from the row processed exactly like the target's
+    logits, _ = token_by_token(model, torch.tensor(CONTEXT + draft.tokens))
+    for i, token in enumerate(draft.tokens):
+        row = probabilities(logits[len(CONTEXT) - 1 + i][None], sampling)[0]
+        assert (row > 0).sum() == 20 and row[token] > 0
+        assert token == gen(1).choose(row, len(CONTEXT) + i)
+    # same seed, same proposal
     assert DraftModelDrafter(model, max_len=64).propose(CONTEXT, 5, sampling, gen(1)).tokens == draft.tokens
-    assert draft.tokens[0] == gen(1).choose(draft.probs[0], len(CONTEXT))
 
 
 def test_min_confidence_stops_drafting_early(model):

@@ -99,7 +99,6 @@ class DraftModelDrafter(Drafter):
             return Draft()
         passes = 1
         tokens: list[int] = []
-        rows: list[torch.Tensor] = []
         confidences: list[float] = []
         chain_prob = 1.0  # predicted chance that every token kept so far is accepted
         rule = stop_rule
@@ -113,16 +112,13 @@ class DraftModelDrafter(Drafter):
             else:
                 confidence = float("nan")
             token = int(logits.argmax()) if probs_row is None else noise.choose(probs_row, len(context) + len(tokens))
-            if probs_row is not None:
-                rows.append(probs_row)
             tokens.append(token)
             confidences.append(confidence)
             if len(tokens) >= k or (rule is not None and not rule.extend(len(tokens), chain_prob, confidence)):
                 break
             logits = yield from self._next_logits(token)
             passes += 1
-        probs = torch.stack(rows) if rows else None
-        return Draft(tokens, probs, passes, catch_up=self.last_sync_tokens, confidences=confidences)
+        return Draft(tokens, forward_passes=passes, catch_up=self.last_sync_tokens, confidences=confidences)
 
     def sync(self, context: list[int]) -> None:
         keep = common_prefix_len(self.cached, context)
@@ -159,7 +155,7 @@ class DraftModelDrafter(Drafter):
                 break
             logits = yield from self._next_logits(best)
             passes += 1
-        return Draft(tokens, None, passes, parents=parents, chain_length=k, catch_up=self.last_sync_tokens)
+        return Draft(tokens, forward_passes=passes, parents=parents, chain_length=k, catch_up=self.last_sync_tokens)
 
 
 class TreeDrafter(DraftModelDrafter):
