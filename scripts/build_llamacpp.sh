@@ -61,7 +61,9 @@ cd "$WORK"
 sdist=$(ls llama_cpp_python-"$VERSION".tar.gz 2>/dev/null || true)
 if [ -z "$sdist" ]; then
   echo "build_llamacpp: downloading the llama-cpp-python==$VERSION sdist" >&2
-  "$PY" -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps \
+  # --no-binary for this package only: with :all: pip also built its build dependencies (cmake among them) from
+  # source just to read the sdist's metadata, minutes on a machine without a pip cache instead of ~10 s.
+  "$PY" -m pip download -q --disable-pip-version-check --no-binary llama-cpp-python --no-deps \
     "llama-cpp-python==$VERSION" -d "$WORK"
   sdist=$(ls llama_cpp_python-"$VERSION".tar.gz)
 fi
