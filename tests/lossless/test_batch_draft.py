@@ -64,8 +64,10 @@ def mismatched_drafts(engine, drafts) -> int:
     bad = 0
     for context, sampling, draft in drafts:
         alone = solo_draft(engine, context, sampling, len(draft.tokens))
-        same_probs = (alone.probs is None and draft.probs is None) or torch.equal(alone.probs, draft.probs)
-        bad += alone.tokens != draft.tokens or not same_probs
+        # confidences: the draft's top probability per token (NaN where not computed), bitwise
+        same_confidences = torch.equal(torch.tensor(alone.confidences, dtype=torch.float64).nan_to_num(-1.0),
+                                       torch.tensor(draft.confidences, dtype=torch.float64).nan_to_num(-1.0))
+        bad += alone.tokens != draft.tokens or not same_confidences
     return bad
 
 
