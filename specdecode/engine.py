@@ -151,7 +151,7 @@ class Engine:
             if not isinstance(max_k, int) or isinstance(max_k, bool) or not 1 <= max_k <= MAX_K:
                 raise InputError(f"max_k must be an integer in 1..{MAX_K}, got {max_k!r}")
             return max_k
-        return drafter.default_max_k if drafter is not None else Drafter.default_max_k
+        return (drafter or Drafter).traits.max_k
 
     def encode_prompt(self, prompt: str | list[dict] | list[int], chat: bool | None = None) -> list[int]:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -215,13 +215,13 @@ class Engine:
             raise InputError(f"the prompt has {len(prompt_ids)} tokens; the context holds {self.max_context}")
         drafter_obj = self.drafter(drafter)
         max_k = max(1, min(self.resolve_max_k(max_k, drafter_obj), self.max_context - 2))
-        if drafter_obj is not None and drafter_obj.greedy_only and not sampling.greedy:
+        if drafter_obj is not None and drafter_obj.traits.greedy_only and not sampling.greedy:
             raise InputError(f"drafter '{drafter_obj.name}' supports greedy decoding only; use a chain drafter for sampling")
         fixed_k = None if k == "auto" else int(k)
         # A verify block holds 1 + K * tokens_per_depth rows (a tree adds a runner-up beside each node); other
         # than the int8 target's, blocks past FLOAT32_CHUNKED_MAX_ROWS go through a GEMM that is not row-exact.
         if drafter_obj is not None and not (isinstance(self.target.model, Transformer) and self.target.model.int8):
-            exact_k = max(1, (kernels.FLOAT32_CHUNKED_MAX_ROWS - 1) // drafter_obj.tokens_per_depth)
+            exact_k = max(1, (kernels.FLOAT32_CHUNKED_MAX_ROWS - 1) // drafter_obj.traits.tokens_per_depth)
             max_k = min(max_k, exact_k)
             fixed_k = None if fixed_k is None else min(fixed_k, exact_k)
         grammar = self._check_controls(controls, drafter_obj)
@@ -239,7 +239,7 @@ class Engine:
         bad = [token for token, _ in controls.logit_bias if token >= vocab]
         if bad:
             raise InputError(f"logit_bias names token ids past this model's vocabulary (0..{vocab - 1}): {bad[:5]}")
-        if controls.shapes_rows and drafter is not None and drafter.greedy_only:
+        if controls.shapes_rows and drafter is not None and drafter.traits.greedy_only:
             raise InputError(f"drafter '{drafter.name}' drafts token trees, which cannot carry penalties, logit bias"
                              " or a grammar; use a chain drafter (auto, lookup, suffix, draft)")
         return None if controls.grammar is None else check_grammar(controls.grammar, self.tokenizer, vocab)
@@ -300,7 +300,7 @@ class Engine:
         generation.started = time.perf_counter()
         # The draft model reads the prompt lazily, on its first proposal: a generation that never drafts
         # never pays for it. Nothing touches its cache before then, so what it lacks is fixed now.
-        generation.unread = drafter.unread_tokens(generation.prompt_ids) if drafter is not None and drafter.has_model else 0
+        generation.unread = drafter.unread_tokens(generation.prompt_ids) if drafter is not None and drafter.traits.reads_prompt else 0
         generation.tuning_args = (fixed_k, max_k, min_confidence)
 
     def prefilled(self, generation: Generation) -> None:

@@ -54,7 +54,7 @@ class Generation:
         self.stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
         self.sequence = list(prompt_ids)  # every token the target has confirmed; its cache holds all but the last
         self.tuning: GenerationTuning | None = None  # from the engine once the prompt is read
-        self.tuning_args: tuple = (None, Drafter.default_max_k, 0.0)  # fixed K, largest K, min confidence
+        self.tuning_args: tuple = (None, Drafter.traits.max_k, 0.0)  # fixed K, largest K, min confidence
         self.unread = 0  # prompt tokens the draft model has yet to read
         self.acceptance_record = AcceptanceRecord(tuning_params)  # its drafts' record in batched passes (batch_plan.py)
         self.started = time.perf_counter()

@@ -53,11 +53,11 @@ class GenerationTuning:
         self.prompt_len = prompt_len
         self.target_prefill = target_prefill
         # A pinned K drafts exactly K; an adaptive one also ends each chain where it stops paying.
-        chain_rule = drafter is not None and drafter.supports_stop_rule and fixed_k is None
+        chain_rule = drafter is not None and drafter.traits.stop_rule and fixed_k is None
         self.stop_rule = self._stop_rule(chain_rule, min_confidence if drafter is not None and drafter.model_drafter else 0.0)
         self.policy = DraftLengthPolicy(self.costs, self.name, fixed_k if drafter else 0, max_k,
                                         chain_stops_itself=chain_rule,
-                                        drafts_are_free=chain_rule and not drafter.has_model, params=self.params)
+                                        drafts_are_free=chain_rule and not drafter.traits.reads_prompt, params=self.params)
         self.budget, self.generated = 0, 0
         self.model_steps, self.model_tokens, self.model_seconds, self.model_refusals = 0, 0.0, 0.0, 0
         if chain_rule and self.name in tuner.drafting_speedup:
@@ -69,7 +69,7 @@ class GenerationTuning:
             return SourceRules(self, min_confidence)
         if chain_rule:
             return self.rule_for(self.name, min_confidence)
-        if min_confidence > 0 and self.drafter is not None and self.drafter.supports_stop_rule:
+        if min_confidence > 0 and self.drafter is not None and self.drafter.traits.stop_rule:
             return MinConfidenceRule(min_confidence)
         return None
 
@@ -91,7 +91,7 @@ class GenerationTuning:
         if self.drafter is None:
             return 0
         self.budget, self.generated = budget, generated
-        k = min(self.policy.choose(), budget - 1, room // self.drafter.tokens_per_depth)
+        k = min(self.policy.choose(), budget - 1, room // self.drafter.traits.tokens_per_depth)
         if k > 0 and self.draft_needs_prompt and self.fixed_k is None and not self.draft_prefill_pays(
             budget, generated, self.name, self.unread_prompt
         ):

@@ -9,18 +9,16 @@ Each source's confidence is calibrated apart, and each draft says which source i
 from __future__ import annotations
 
 from ..sampling import PositionNoise, SamplingParams
-from .base import Draft, Drafter, DraftSteps, StopRule, run_alone
+from .base import Draft, Drafter, DrafterTraits, DraftSteps, StopRule, run_alone
 from .draft_model import DraftModelDrafter
 from .suffix import SuffixDrafter
 
 
 class AutoDrafter(Drafter):
     name = "auto"
-    supports_stop_rule = True
-    default_max_k = 15
     # The engine does not read the prompt into the draft model up front: the model drafter catches up
     # on its first proposal, which the stop rule allows only where reading the prompt pays.
-    has_model = False
+    traits = DrafterTraits(stop_rule=True, max_k=15)
 
     def __init__(self, copier: SuffixDrafter, model: DraftModelDrafter | None = None):
         self.copier = copier

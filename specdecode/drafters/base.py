@@ -74,15 +74,24 @@ class StopRule:
         return True
 
 
+@dataclass(frozen=True)
+class DrafterTraits:
+    """What the engine and the tuner read about a drafter, in one record (each drafter class sets its own)."""
+
+    stop_rule: bool = False  # propose honours a StopRule: the chain ends token by token where drafting stops paying
+    max_k: int = 8  # the largest K an adaptive policy may pick when the caller sets none
+    greedy_only: bool = False  # token trees: verified by greedy matching only
+    tokens_per_depth: int = 1  # block tokens per draft position (a tree adds a runner-up beside each)
+    # A draft model drafting alone: the engine reads the prompt into it before the first step (where that pays),
+    # and each drafted token costs one of its passes. Not `auto`, whose model catches up only when it drafts.
+    reads_prompt: bool = False
+
+
 class Drafter:
     """Base class. Drafters keep their own state in step with the engine through `sync`."""
 
     name = "base"
-    has_model = False
-    supports_stop_rule = False  # whether propose honours a StopRule (adaptive K within a chain)
-    default_max_k = 8  # the largest K an adaptive policy may pick when the caller sets none
-    greedy_only = False  # token trees: verified by greedy matching only
-    tokens_per_depth = 1  # block tokens per draft position (a tree adds a runner-up beside each)
+    traits = DrafterTraits()
     sources: tuple[str, ...] = ()  # several for a drafter that copies or drafts from more than one source
 
     def reset(self) -> None:

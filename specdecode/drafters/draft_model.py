@@ -15,7 +15,7 @@ import torch
 from ..errors import InputError
 from ..models.transformer import Segment
 from ..sampling import PositionNoise, SamplingParams, probabilities
-from .base import Draft, Drafter, DraftSteps, StopRule, run_alone
+from .base import Draft, Drafter, DrafterTraits, DraftSteps, StopRule, run_alone
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -28,8 +28,7 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 class DraftModelDrafter(Drafter):
     name = "draft"
-    has_model = True
-    supports_stop_rule = True
+    traits = DrafterTraits(stop_rule=True, reads_prompt=True)
 
     def __init__(self, model, max_len: int, prefill_chunk: int = 1024):
         self.model = model
@@ -162,9 +161,9 @@ class TreeDrafter(DraftModelDrafter):
     """Draft model proposing token trees (greedy decoding only: the sampling rule here is for chains)."""
 
     name = "tree"
-    supports_stop_rule = False  # trees are shaped by branch probability, not ended by the stop rule
-    greedy_only = True
-    tokens_per_depth = 2  # the chain token and, where likely enough, the runner-up
+    # Trees are shaped by branch probability, not ended by the stop rule; each depth holds the chain token and,
+    # where likely enough, the runner-up.
+    traits = DrafterTraits(greedy_only=True, tokens_per_depth=2, reads_prompt=True)
 
     def __init__(self, model, max_len: int, branch_min_prob: float = 0.1):
         super().__init__(model, max_len)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..sampling import PositionNoise, SamplingParams
-from .base import Draft, Drafter, StopRule
+from .base import Draft, Drafter, DrafterTraits, StopRule
 
 
 def match_confidence(match_length: int) -> float:
@@ -21,8 +21,7 @@ def match_confidence(match_length: int) -> float:
 
 class PromptLookupDrafter(Drafter):
     name = "lookup"
-    supports_stop_rule = True
-    default_max_k = 15  # a verify block of 16 still goes through the exact skinny kernel
+    traits = DrafterTraits(stop_rule=True, max_k=15)  # a verify block of 16 still goes through the exact skinny kernel
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_candidates: int = 64, max_match: int = 32):
         if not 1 <= min_ngram <= max_ngram:
