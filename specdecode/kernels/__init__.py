@@ -17,7 +17,7 @@ from .dispatch import (
     int8_layer,
     linear,
 )
-from .options import OPTIONS, KernelOptions
+from .options import KernelOptions
 from .native import KERNEL_CFLAGS, KERNEL_HEADERS, KERNEL_SOURCES, kernel_build_dir, kernel_status, load_kernel
 from .weights import (
     GGUF_KERNEL_TYPES,

@@ -155,16 +155,24 @@ def test_rows_are_bitwise_the_same_in_any_block(name, precision):
         pytest.skip("no CPU kernel")
     model = whole_model(precision, name)
     tokens = tokens_for(model, 74)
-    one_by_one = model.new_cache()
-    model(tokens[:4], one_by_one, logits="none")
-    singles = torch.cat([model(tokens[i : i + 1], one_by_one) for i in range(4, 74)])
-    for block in (2, 5, 16, 26, 33, 64, 65):  # 26+ rows: more than one tile; 33-64: prompt chunks; 65: two calls
-        cache = model.new_cache()
-        model(tokens[:4], cache, logits="none")
-        logits = torch.cat([model(tokens[i : i + block], cache) for i in range(4, 74, block)])
-        assert torch.equal(logits, singles), block
-        assert torch.equal(cache.keys[:, :, :74], one_by_one.keys[:, :, :74]), block
-        assert torch.equal(cache.values[:, :, :74], one_by_one.values[:, :, :74]), block
+    before = torch.get_num_threads()
+    try:
+        # Decode steps on one thread, blocks on two or more: the test workers run one thread each
+        # (scripts/test.sh), and a served model runs several, so the bits must not depend on the split either.
+        torch.set_num_threads(1)
+        one_by_one = model.new_cache()
+        model(tokens[:4], one_by_one, logits="none")
+        singles = torch.cat([model(tokens[i : i + 1], one_by_one) for i in range(4, 74)])
+        torch.set_num_threads(max(2, before))
+        for block in (2, 5, 16, 26, 33, 64, 65):  # 26+ rows: more than one tile; 33-64: prompt chunks; 65: two calls
+            cache = model.new_cache()
+            model(tokens[:4], cache, logits="none")
+            logits = torch.cat([model(tokens[i : i + block], cache) for i in range(4, 74, block)])
+            assert torch.equal(logits, singles), block
+            assert torch.equal(cache.keys[:, :, :74], one_by_one.keys[:, :, :74]), block
+            assert torch.equal(cache.values[:, :, :74], one_by_one.values[:, :, :74]), block
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("precision", ["float32", "int8"])
