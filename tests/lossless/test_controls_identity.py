@@ -131,14 +131,53 @@ def verify_chain_broken(push_late: bool):
     return broken
 
 
-@pytest.mark.parametrize("case", ["penalties", "json_schema"])
-@pytest.mark.parametrize("push_late", [True, False], ids=["mask-one-row-off", "confirmed-tokens-only"])
+@pytest.mark.parametrize(("case", "push_late"), [("json_schema", True), ("json_schema", False), ("penalties", False)],
+                         ids=["mask-one-row-off-json_schema", "confirmed-tokens-only-json_schema",
+                              "confirmed-tokens-only-penalties"])
 def test_the_identity_check_catches_rows_processed_with_the_wrong_tokens(engine, monkeypatch, case, push_late):
+    """End to end, as the identity test runs (its drafters). namespace=None: no drafts copied from the earlier tests'
+    answers, so what the drafters propose does not depend on which tests this worker ran before. A penalty one row
+    off changes an answer only where the token just drafted is the next token's best candidate, which real text
+    rarely makes it: that twin is checked row by row below."""
     controls = CASES[case]
-    plain = run(engine, "none", controls, SAMPLINGS["greedy"])
+    plain = run(engine, "none", controls, SAMPLINGS["greedy"], namespace=None)
     monkeypatch.setattr(step_module, "verify_chain", verify_chain_broken(push_late))
-    outputs = [run(engine, drafter, controls, SAMPLINGS["greedy"], k=8).token_ids for drafter in ("lookup", "auto")]
+    outputs = [run(engine, drafter, controls, SAMPLINGS["greedy"], k=8, namespace=None).token_ids
+               for drafter in ("lookup", "auto", "draft")]
     assert any(out != plain.token_ids for out in outputs)
+
+
+def plain_row_by_row(logits, controls, params, noise, position):
+    """Plain decoding over the same rows: one token at a time, each pushed before the next row is processed."""
+    tokens = []
+    for i in range(logits.shape[0]):
+        row = controls.process(logits[i : i + 1])
+        tokens.append(int(row[0].argmax()) if params.greedy else noise.choose(probabilities(row, params)[0], position + i))
+        controls.push(tokens[-1])
+    controls.undo(len(tokens))
+    return tokens
+
+
+@pytest.mark.parametrize("variant", ["exact", "mask-one-row-off", "confirmed-tokens-only"])
+def test_each_row_is_judged_with_the_draft_tokens_before_it(variant):
+    """Rows built so that every row's best token is token 3 by a margin a frequency penalty of one occurrence
+    outweighs: plain decoding takes 3 once, then 5. A draft of 3s is accepted for exactly one token, and every
+    broken variant (the penalty of the token drafted just before missing, or of every drafted token) accepts more."""
+    import torch
+
+    logits = torch.zeros(5, 16)
+    logits[:, 3], logits[:, 5] = 1.0, 0.5
+    spec = LogitControls(frequency_penalty=1.0)
+    controls, params, noise = RowControls.start(spec, [1, 2], 16), SamplingParams(), PositionNoise(0)
+    expected = plain_row_by_row(logits, controls, params, noise, 0)
+    assert expected[:2] == [3, 5]
+    chain = verify_module.verify_chain if variant == "exact" else verify_chain_broken(variant == "mask-one-row-off")
+    verdict = chain(logits, [3, 3, 3, 3], controls, params, noise, 0)
+    assert controls.pushed == []
+    if variant == "exact":
+        assert (verdict.accepted, verdict.next_token) == (1, expected[1])
+    else:
+        assert verdict.accepted > 1
 
 
 def test_the_logprob_check_catches_values_from_the_wrong_row(engine, monkeypatch):
