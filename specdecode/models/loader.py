@@ -120,7 +120,7 @@ def convert_gguf(gguf_path: Path, quiet: bool = False) -> Path:
 def _convert_locked(gguf_path: Path, target: Path, quiet: bool) -> None:
     from safetensors.torch import save_file
 
-    from .gguf_loader import load_gguf_model, open_gguf, read_gguf_blocks
+    from .gguf_loader import load_gguf_model, open_gguf
 
     if not quiet:
         print(f"specdecode: converting {gguf_path.name} for fast loading (once) ...", file=sys.stderr)
@@ -133,7 +133,7 @@ def _convert_locked(gguf_path: Path, target: Path, quiet: bool) -> None:
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp_path / "weights.safetensors"))
         hf_tok.save_pretrained(str(tmp_path / "tokenizer"))
-        _save_blocks(read_gguf_blocks(gguf_path, model.config, reader), tmp_path / BLOCKS_FILE)
+        _save_blocks(gguf_path, model.config, tmp_path / BLOCKS_FILE, reader)
         (tmp_path / "config.json").write_text(json.dumps(asdict(model.config), indent=1))
         if target.exists():  # an incomplete folder (no config.json): only a lock holder writes here
             shutil.rmtree(target)
@@ -175,20 +175,25 @@ def _load_converted(folder: Path, device, weight_dtype, max_positions, skip=froz
     return model
 
 
-def _save_blocks(blocks: dict, path: Path) -> None:
+def _save_blocks(gguf_path: Path, config: ModelConfig, path: Path, reader=None) -> None:
+    """The blocks the kernels read, and every matrix's ggml type names (what int8 refuses or q8_0 requantizes is
+    named from these, without parsing the GGUF header again)."""
     from safetensors.torch import save_file
 
+    from .gguf_loader import matrix_types, open_gguf, read_gguf_blocks
+
+    reader = reader or open_gguf(gguf_path)
+    blocks = read_gguf_blocks(gguf_path, config, reader)
     flat = {f"{key}.{i}": data for key, parts in blocks.items() for i, (_, data) in enumerate(parts)}
     types = {key: [t for t, _ in parts] for key, parts in blocks.items()}
-    save_file(flat, str(path), metadata={"types": json.dumps(types)})
+    names = matrix_types(config, reader)
+    save_file(flat, str(path), metadata={"types": json.dumps(types), "type_names": json.dumps(names)})
 
 
 def _read_blocks(gguf_path: Path, folder: Path, config: ModelConfig) -> dict:
     """The GGUF blocks of every matrix, saved next to the converted weights the first time, since parsing
     the GGUF header again (the tokenizer's metadata) is far slower than reading this file."""
     from safetensors import safe_open
-
-    from .gguf_loader import read_gguf_blocks
 
     blocks_file = folder / BLOCKS_FILE
     if not blocks_file.is_file():  # converted by an older version
@@ -197,7 +202,7 @@ def _read_blocks(gguf_path: Path, folder: Path, config: ModelConfig) -> dict:
             cachefiles.remove_quietly(stale)
         tmp = folder / (cachefiles.temp_prefix(f".{BLOCKS_FILE}") + ".tmp")
         try:
-            _save_blocks(read_gguf_blocks(gguf_path, config), tmp)
+            _save_blocks(gguf_path, config, tmp)
             tmp.replace(blocks_file)
         except OSError as exc:
             raise _no_space(exc, folder, f"saving the GGUF blocks of {gguf_path.name}") or exc from None
@@ -209,6 +214,18 @@ def _read_blocks(gguf_path: Path, folder: Path, config: ModelConfig) -> dict:
             return {key: [(t, f.get_tensor(f"{key}.{i}")) for i, t in enumerate(kinds)] for key, kinds in types.items()}
     except Exception as exc:
         raise ModelError(f"{blocks_file} is unreadable ({exc}); delete it to rebuild") from None
+
+
+def _matrix_type_names(gguf_path: Path, folder: Path, config: ModelConfig) -> dict[str, list[str]]:
+    """Each matrix's ggml type names, as saved with its blocks; a folder converted by an older version lacks them,
+    and the GGUF header (seconds for a large vocabulary) is parsed again."""
+    from safetensors import safe_open
+
+    from .gguf_loader import matrix_types, open_gguf
+
+    with safe_open(str(folder / BLOCKS_FILE), framework="pt") as f:
+        saved = f.metadata().get("type_names")
+    return json.loads(saved) if saved else matrix_types(config, open_gguf(gguf_path))
 
 
 def _attach_blocks(model: Transformer, gguf_path: Path, folder: Path) -> int:
@@ -227,14 +244,12 @@ def _load_gguf_int8(gguf_path: Path, folder: Path, device, max_positions, requan
     """The int8 model and how many matrices were requantized: each matrix from its GGUF blocks where the int8 kernel
     reads every part, else (requantize only) its converted float32 weights quantized to Q8_0. Float32 matrices are
     read only where needed."""
-    from .gguf_loader import matrix_types, open_gguf
-
     config = ModelConfig(**json.loads((folder / "config.json").read_text()))
     blocks = {key: parts for key, parts in _read_blocks(gguf_path, folder, config).items()
               if all(t in kernels.QUANT_KERNEL_TYPES for t, _ in parts)}
     unread = [key for key in _matrix_keys(config) if key not in blocks]
-    if unread:  # the header is parsed again only here, to name the types
-        types = matrix_types(config, open_gguf(gguf_path))
+    if unread:
+        types = _matrix_type_names(gguf_path, folder, config)
         _refuse_or_report(gguf_path.name, [t for key in unread for t in types[key]], len(unread), requantize)
     # A tied head's blocks replace no parameter: the float32 embedding stays for lookups.
     skip = frozenset(blocks) - ({"lm_head"} if config.tie_embeddings else set())

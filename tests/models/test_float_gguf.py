@@ -15,14 +15,18 @@ ROUNDING = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 @pytest.fixture(scope="module", params=list(ROUNDING))
 def converted(request, tmp_path_factory, smollm2):
     """One conversion per type for the module: each runs llama.cpp's converter in a fresh Python (~15 s)."""
-    hf, path = converted_phi3(tmp_path_factory.mktemp(request.param), smollm2.tokenizer.hf, outtype=request.param)
-    return request.param, hf, path
+    folder = tmp_path_factory.mktemp(request.param)
+    hf, path = converted_phi3(folder, smollm2.tokenizer.hf, outtype=request.param)
+    return request.param, hf, path, folder / "cache"
 
 
 @pytest.fixture
-def float_file(converted, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))  # each test loads from an empty cache
-    return converted
+def float_file(converted, monkeypatch):
+    """The file, with a cache of its own type: the first test to load it converts it (and the int8 refusal reads
+    the matrices' types saved by that conversion)."""
+    outtype, hf, path, cache = converted
+    monkeypatch.setenv("SPECDECODE_CACHE", str(cache))
+    return outtype, hf, path
 
 
 def widened(hf, rounding):

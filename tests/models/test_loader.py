@@ -388,7 +388,7 @@ def test_a_full_disk_while_saving_blocks_leaves_no_temporary(tmp_path, private_c
     (folder / loader.BLOCKS_FILE).unlink()
     config = loader.ModelConfig(**json.loads((folder / "config.json").read_text()))
 
-    def save_half_then_fail(blocks, target):
+    def save_half_then_fail(gguf_path, config, target, reader=None):
         target.write_bytes(b"\0" * 4096)
         no_space()
 
@@ -412,7 +412,7 @@ def _convert_and_hang(path: str) -> None:
     """In a spawned process: convert `path`, stopping for good after the weights are written (to be SIGKILLed)."""
     from specdecode.models import loader
 
-    loader._save_blocks = lambda blocks, target: time.sleep(600)
+    loader._save_blocks = lambda *args: time.sleep(600)
     loader.convert_gguf(Path(path), quiet=True)
 
 
