@@ -16,7 +16,8 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
 fi
 wait "$kernel" || true  # a kernel that does not build is reported by the tests (and fails CI: tests/conftest.py)
 # One worker per core, one thread each: the tests run small models, whose steps are mostly fixed costs a second
-# thread cannot share, so two one-thread workers ran the suite ~2.5x faster than one two-thread process. Tests that
-# share a local Ray cluster run in one worker (xdist_group "ray").
+# thread cannot share, so two one-thread workers ran the suite ~2.5x faster than one two-thread process. Workers
+# take whole files (loadfile): the tests that start a local Ray cluster are one file, so one cluster runs at a
+# time. (xdist's loadgroup does not group on pytest 9, which ignores the group suffix it writes into node ids.)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec .venv/bin/python -m pytest tests -q -n auto --dist loadgroup "$@"
+exec .venv/bin/python -m pytest tests -q -n auto --dist loadfile "$@"

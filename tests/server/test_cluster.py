@@ -1,4 +1,5 @@
-"""`serve --replicas`: two smollm2 engine replicas on a real local Ray cluster, behind one entry point.
+"""`serve --replicas`: two smollm2 engine replicas on a real local Ray cluster, behind one entry point; and the
+command itself (`specdecode serve --replicas 2`, its own cluster).
 
 One cluster for the module (starting one costs the replicas' model loads and warm-ups); tests run in file
 order and the replica-killing test goes last. Each replica gets one thread: two cores, two replicas.
@@ -11,6 +12,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,8 +23,8 @@ import pytest
 from .conftest import MODEL, wait_until
 
 ray = pytest.importorskip("ray", reason="the 'cluster' extra (ray[serve]) is not installed")
-# One local Ray cluster at a time: under pytest-xdist these and the --replicas test run in one worker.
-pytestmark = pytest.mark.xdist_group("ray")
+# One local Ray cluster at a time: every test that starts one is in this file, and scripts/test.sh hands pytest-xdist
+# whole files (--dist loadfile), so they run one after another in one worker.
 
 QUEUE = 16
 BATCH = 1  # generations each replica runs at once: one, so a killed replica has requests queued (the batched
@@ -48,6 +51,49 @@ def test_deploy_pulls_and_converts_the_models_once_before_serve_starts_the_repli
     monkeypatch.setattr(cluster_module, "build_application", lambda settings: "application")
     cluster_module.deploy(ClusterSettings({"model": MODEL, "draft": "none"}, MODEL), "127.0.0.1", 0)
     assert calls == [("prepare", MODEL), "serve.start", "serve.run"]
+
+
+# Before the module's cluster starts: the command brings up a Ray cluster of its own.
+def test_replicas_flag_serves_on_ray_and_sigterm_exits_zero(tmp_path):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdecode.cli", "serve", "--model", MODEL, "--draft", "none", "--ctx", "512",
+         "--replicas", "2", "--threads-per-replica", "1", "--port", str(port), "--api-key", "k"],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    try:
+        def ready() -> bool:
+            assert proc.poll() is None, open(tmp_path / "serve.log").read()
+            try:
+                return httpx.get(base + "/health", timeout=2).json().get("replicas_ready") == 2
+            except (httpx.TransportError, ValueError):
+                return False
+
+        assert wait_until(ready, timeout=240, interval=0.5), open(tmp_path / "serve.log").read()
+        body = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0}
+        assert httpx.post(base + "/v1/completions", json=body).status_code == 401
+        answer = httpx.post(base + "/v1/completions", json=body, headers={"Authorization": "Bearer k"}, timeout=60)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+        # Serve's proxy must not believe X-Forwarded-For from loopback: a spoofed one keeps the client's namespace
+        # (its second ask copies the first answer from the suffix store; another namespace would copy nothing)
+        story = {"model": MODEL, "prompt": "Before the answer, a note: routing follows prompts of 128 characters"
+                 " or more, so this one is long. Write the alphabet backwards, letter by letter:", "max_tokens": 24,
+                 "temperature": 0, "speculative": {"drafter": "suffix", "k": 8}}
+        sources = lambda **extra: httpx.post(base + "/v1/completions", json=story, timeout=120, headers={  # noqa: E731
+            "Authorization": "Bearer k", **extra}).json()["specdecode"]["sources"]
+        assert "store" not in sources()
+        assert "store" in sources(**{"X-Forwarded-For": "203.0.113.9"})
+        assert httpx.get(base + "/metrics").status_code == 401
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+        log.seek(0)
+        assert "Traceback" not in log.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 @pytest.fixture(scope="module")
