@@ -14,17 +14,14 @@ from .transformer import Transformer
 
 
 def _field(reader, key: str, default=None):
-    field = reader.get_field(key)
-    if field is None:
-        return default
-    return field.contents()
+    return reader.get(key, default)
 
 
 def open_gguf(path: Path):
-    import gguf
+    from .gguf_header import GGUFHeader
 
     try:
-        return gguf.GGUFReader(str(path), "r")
+        return GGUFHeader(path)
     except Exception as exc:  # truncated or not a GGUF file at all
         raise ModelError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
 
