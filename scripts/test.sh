@@ -2,10 +2,12 @@
 # The test suite on a fresh machine: set up, fetch the real test models and a headless browser, run pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh test
-# The CPU kernel compiles (CPU-bound, about a minute) while the models, llama.cpp's sources and chromium download.
+scripts/setup.sh  # the core library first: it is all the kernel build needs
+# The CPU kernel compiles (CPU-bound, about a minute) while the extras install and the models, llama.cpp's sources
+# and chromium download (network-bound).
 .venv/bin/python -c "from specdecode import kernels; kernels.load_kernel()" &
 kernel=$!
+scripts/setup.sh test
 .venv/bin/specdecode models pull smollm2-135m qwen2.5-coder-0.5b
 # llama.cpp's own converter (its sources, no build) for the tests that convert tiny models of every architecture;
 # the tests that need llama-quantize run where scripts/build_llamacpp.sh has built it, and skip saying so elsewhere.
