@@ -2,20 +2,25 @@
 # The test suite on a fresh machine: set up, fetch the real test models and a headless browser, run pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh  # the core library first: it is all the kernel build needs
-# The CPU kernel compiles (CPU-bound, about a minute) while the extras install and the models, llama.cpp's sources
-# and chromium download (network-bound).
+scripts/setup.sh  # the core library first: the kernel build and the model pulls need nothing more
+# Four jobs at once: the CPU kernel compiles (CPU-bound, about a minute), the extras install, and the test models,
+# llama.cpp's sources and chromium download (network-bound, with the models' conversion). None of them touches what
+# another installs: the pulls and the kernel run on the core library the extras leave as it is.
 .venv/bin/python -c "from specdecode import kernels; kernels.load_kernel()" &
 kernel=$!
-scripts/setup.sh test
-.venv/bin/specdecode models pull smollm2-135m qwen2.5-coder-0.5b
+scripts/setup.sh test &
+extras=$!
 # llama.cpp's own converter (its sources, no build) for the tests that convert tiny models of every architecture;
 # the tests that need llama-quantize run where scripts/build_llamacpp.sh has built it, and skip saying so elsewhere.
-scripts/build_llamacpp.sh --sources || echo "test: llama.cpp's sources could not be fetched; the converter tests will skip" >&2
+(.venv/bin/specdecode models pull smollm2-135m qwen2.5-coder-0.5b &&
+  { scripts/build_llamacpp.sh --sources || echo "test: llama.cpp's sources could not be fetched; the converter tests will skip" >&2; }) &
+models=$!
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   echo "test: installing Debian's chromium for the playground test" >&2
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "test: chromium install failed; the browser test will skip" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1) || echo "test: chromium install failed; the browser test will skip" >&2
 fi
+wait "$extras" || { echo "test: installing the test extras failed" >&2; exit 1; }
+wait "$models" || { echo "test: pulling the test models failed" >&2; exit 1; }
 wait "$kernel" || true  # a kernel that does not build is reported by the tests (and fails CI: tests/conftest.py)
 # One worker per core, one thread each: the tests run small models, whose steps are mostly fixed costs a second
 # thread cannot share, so two one-thread workers ran the suite ~2.5x faster than one two-thread process. Workers
