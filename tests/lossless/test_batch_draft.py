@@ -41,7 +41,7 @@ def run_batch(engine, sampled: bool, monkeypatch):
     def recording(proposals):
         contexts = [(g, list(g.sequence)) for g, _ in proposals]
         rounds = real(proposals)
-        drafts.extend((context, g.sampling, g.draft) for g, context in contexts if g.draft.tokens)
+        drafts.extend((g, context, g.sampling, g.draft) for g, context in contexts if g.draft.tokens)
         return rounds
 
     monkeypatch.setattr(batch_module, "draft_together", recording)
@@ -55,15 +55,15 @@ def run_batch(engine, sampled: bool, monkeypatch):
     return [t.result() for t in tickets], drafts, batch
 
 
-def solo_draft(engine, context, sampling, k):
-    """What a fresh draft-model drafter proposes alone after `context`."""
-    return DraftModelDrafter(engine.draft.model, engine.max_context).propose(context, k, sampling, sampling.noise())
-
-
 def mismatched_drafts(engine, drafts) -> int:
+    """How many drafts differ from what the sequence's own draft-model drafter proposes alone, after the same
+    context: one drafter per sequence, synced to each context as a generation run alone syncs its drafter."""
+    alone_drafters = {}
     bad = 0
-    for context, sampling, draft in drafts:
-        alone = solo_draft(engine, context, sampling, len(draft.tokens))
+    for generation, context, sampling, draft in drafts:
+        drafter = alone_drafters.setdefault(generation, DraftModelDrafter(engine.draft.model, engine.max_context))
+        drafter.sync(context)
+        alone = drafter.propose(context, len(draft.tokens), sampling, sampling.noise())
         # confidences: the draft's top probability per token (NaN where not computed), bitwise
         same_confidences = torch.equal(torch.tensor(alone.confidences, dtype=torch.float64).nan_to_num(-1.0),
                                        torch.tensor(draft.confidences, dtype=torch.float64).nan_to_num(-1.0))
@@ -80,7 +80,7 @@ def test_a_batch_drafts_each_sequence_its_solo_drafts_in_shared_passes(engine, s
     assert len(drafts) > 20
     assert mismatched_drafts(engine, drafts) == 0
     # The draft passes were shared: far fewer than the passes the drafts took one sequence at a time.
-    assert batch.draft_passes < 0.6 * sum(d.forward_passes for _, _, d in drafts)
+    assert batch.draft_passes < 0.6 * sum(d.forward_passes for *_, d in drafts)
 
 
 def test_the_draft_check_catches_draft_rows_that_see_the_batch(engine, monkeypatch):
