@@ -164,22 +164,34 @@ def test_llamacpp_converted_gguf_matches_transformers(tmp_path, smollm2):
     assert max_diff(native_logits(native, ids), hf_logits(hf, ids)) > 50 * MAX_ABS_DIFF
 
 
-@pytest.mark.parametrize("drafter", ["lookup", "draft"])
-def test_int8_speculative_equals_plain_through_load_model(tmp_path, monkeypatch, smollm2, drafter):
-    """The converted file loaded as users load it (load_model, --precision int8: the fused blocks as one part of the
-    int8 kernel each), greedy speculative output == plain output; the draft is the same file at float32."""
+@pytest.fixture(scope="module")
+def phi3_q8_0(tmp_path_factory, smollm2):
+    """The q8_0 file llama.cpp's converter writes, loaded as users load it: (int8 target, float32 copy). Once for
+    the module: converting and loading cost more than the generations that use them."""
     from specdecode import kernels
-    from specdecode.engine import Engine
     from specdecode.models.loader import load_model
 
     if kernels.load_kernel() is None:
         pytest.skip("no CPU kernel")
-    _, path = converted_phi3(tmp_path, smollm2.tokenizer.hf, outtype="q8_0")
-    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))  # after finding the converter in the real cache
-    target = load_model(str(path), device="cpu", dtype="int8", max_context=128)
+    folder = tmp_path_factory.mktemp("phi3-q8_0")
+    _, path = converted_phi3(folder, smollm2.tokenizer.hf, outtype="q8_0")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDECODE_CACHE", str(folder / "cache"))  # after finding the converter in the real cache
+        return (load_model(str(path), device="cpu", dtype="int8", max_context=128),
+                load_model(str(path), device="cpu", dtype="float32", max_context=128))
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "draft"])
+def test_int8_speculative_equals_plain_through_load_model(phi3_q8_0, drafter):
+    """The converted file loaded as users load it (load_model, --precision int8: the fused blocks as one part of the
+    int8 kernel each), greedy speculative output == plain output; the draft is the same file at float32."""
+    from specdecode import kernels
+    from specdecode.engine import Engine
+
+    target, float32 = phi3_q8_0
     assert target.model.int8 and target.model.config.arch == "phi3"
     assert target.model.layers[0].qkv.types == [kernels.Q8_0]  # the fused attn_qkv, one part
-    draft = load_model(str(path), device="cpu", dtype="float32", max_context=128) if drafter == "draft" else None
+    draft = float32 if drafter == "draft" else None
     prompt = [(5 * i + 11) % 300 for i in range(12)] * 2
     plain = Engine(target, None, max_context=128).generate(prompt, drafter="none", max_new_tokens=40).token_ids
     result = Engine(target, draft, max_context=128, check_invariants=True).generate(prompt, drafter=drafter, k=4,
