@@ -12,14 +12,35 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv" >&2
   "$PYTHON" -m venv .venv
 fi
+# What a run of each part imports (and so wants compiled): the core, then each extra's own modules.
+warm_imports() {
+  local code="import torch, numpy, gguf, tokenizers, jinja2, llguidance, tqdm, transformers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+import specdecode.cli, specdecode.build, specdecode.batch, specdecode.models.loader, specdecode.kernels.native
+import torch.utils.cpp_extension"
+  case ",$1," in *,serve,*|*,cluster,*|*,test,*) code="$code
+import fastapi, uvicorn, prometheus_client, specdecode.server.app, specdecode.server.serve_command" ;; esac
+  case ",$1," in *,bench,*|*,test,*) code="$code
+import matplotlib.pyplot" ;; esac
+  case ",$1," in *,cluster,*|*,test,*) code="$code
+import ray, ray.serve, specdecode.server.cluster" ;; esac
+  case ",$1," in *,test,*) code="$code
+import pytest, xdist, hypothesis, openai, httpx, playwright.sync_api, accelerate" ;; esac
+  echo "$code"
+}
 stamp=".venv/.specdecode-installed${extras:+-${extras//,/-}}"
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing specdecode${extras:+ with extras $extras} (about 2 minutes the first time)" >&2
   # torch is pinned to 2.13.0 in pyproject.toml: the CPU build; an unpinned torch would pull a CUDA build.
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras:+[$extras]}" 2>&1 \
+  # --no-compile: pip would byte-compile every module of every package, about half of the install's CPU (torch and
+  # Ray are mostly modules no run imports); the import below compiles the ones a run does import, once.
+  .venv/bin/python -m pip install -q --no-compile --disable-pip-version-check -e ".${extras:+[$extras]}" 2>&1 \
     | grep -v -E "^(WARNING: Location|$)" >&2 || true
-  .venv/bin/python -c "import specdecode, torch, gguf, transformers" || { echo "setup: install failed" >&2; exit 1; }
+  # Written to __pycache__ even where PYTHONDONTWRITEBYTECODE is set: later runs read it (the variable only stops
+  # writing), so no process compiles these modules again.
+  env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "$(warm_imports "$extras")" \
+    || { echo "setup: install failed" >&2; exit 1; }
   echo "$want" > "$stamp"
   echo "setup: installed in $(( $(date +%s) - start )) s" >&2
 fi

@@ -2,6 +2,10 @@
 # The test suite on a fresh machine: set up, fetch the real test models and a headless browser, run pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python compiles each module once, when a test first imports it (setup.sh installs without compiling every module of
+# every package), and keeps it: where PYTHONDONTWRITEBYTECODE is set, every worker and server process would compile
+# it again.
+unset PYTHONDONTWRITEBYTECODE
 scripts/setup.sh  # the core library first: the kernel build and the model pulls need nothing more
 # Four jobs at once: the CPU kernel compiles (CPU-bound, about a minute), the extras install, and the test models,
 # llama.cpp's sources and chromium download (network-bound, with the models' conversion). None of them touches what
