@@ -255,7 +255,7 @@ class Engine:
             generation.stats.exact = False
             generation.stats.notes.append(f"not row-exact ({self.inexact}): speculative output may differ from plain"
                                           " decoding at near-ties")
-        self.start_generation(generation, request.fixed_k, request.max_k, request.min_confidence, request.namespace)
+        self.start_generation(generation, request)
         return generation
 
     def row_controls(self, request: Request) -> RowControls | None:
@@ -287,29 +287,30 @@ class Engine:
             if event.finished:
                 return
 
-    def start_generation(self, generation: Generation, fixed_k, max_k, min_confidence, namespace) -> None:
+    def start_generation(self, generation: Generation, request: Request) -> None:
         """Before the prompt is read: the drafter begins, and the adaptive K gets its costs if it lacks them."""
         drafter, stats = generation.drafter, generation.stats
         if drafter is not None:
-            drafter.begin(generation.prompt_ids[:-1], namespace)  # drops state from another sequence; keeps a shared prefix
-        if self.tuner.needs_costs(drafter, fixed_k, max_k):
+            # drops state from another sequence; keeps a shared prefix
+            drafter.begin(generation.prompt_ids[:-1], request.namespace)
+        if self.tuner.needs_costs(drafter, request.fixed_k, request.max_k):
             t0 = time.perf_counter()
-            self.measure_costs(max_k, drafter)
+            self.measure_costs(request.max_k, drafter)
             stats.notes.append(f"measured target/draft costs for the adaptive K once ({time.perf_counter() - t0:.1f}s,"
                                " not in the timings)")
         generation.started = time.perf_counter()
         # The draft model reads the prompt lazily, on its first proposal: a generation that never drafts
         # never pays for it. Nothing touches its cache before then, so what it lacks is fixed now.
         generation.unread = drafter.unread_tokens(generation.prompt_ids) if drafter is not None and drafter.traits.reads_prompt else 0
-        generation.tuning_args = (fixed_k, max_k, min_confidence)
+        generation.request = request
 
     def prefilled(self, generation: Generation) -> None:
         """The prompt is in the target cache: the generation's tuning starts, knowing what the prefill cost."""
         stats = generation.stats
         stats.time_prefill = time.perf_counter() - generation.started
-        fixed_k, max_k, min_confidence = generation.tuning_args
-        generation.tuning = self.tuner.start(generation.drafter, fixed_k, max_k, min_confidence, generation.unread,
-                                             len(generation.prompt_ids), stats.time_prefill)
+        request = generation.request
+        generation.tuning = self.tuner.start(generation.drafter, request.fixed_k, request.max_k, request.min_confidence,
+                                             generation.unread, len(generation.prompt_ids), stats.time_prefill)
 
     def _check_live(self, live: object) -> None:
         # An engine holds one cache: a second stream started on it takes the cache over, and this one

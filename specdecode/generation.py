@@ -18,7 +18,7 @@ from .sampling import SamplingParams
 from .stats import GenerationStats
 from . import step as steps
 from .batch_plan import AcceptanceRecord
-from .step import StepResult, block_segment, finish_step, judge_block, propose
+from .step import StepResult, block_segment, finish_step, judge_block
 from .text import Stopper, TextStep
 from .tuner import GenerationTuning
 from .tuning_params import DEFAULT as DEFAULT_TUNING, TuningParams
@@ -54,7 +54,7 @@ class Generation:
         self.stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
         self.sequence = list(prompt_ids)  # every token the target has confirmed; its cache holds all but the last
         self.tuning: GenerationTuning | None = None  # from the engine once the prompt is read
-        self.tuning_args: tuple = (None, Drafter.traits.max_k, 0.0)  # fixed K, largest K, min confidence
+        self.request = None  # the engine's checked Request (K, largest K, confidence floor), set as it starts
         self.unread = 0  # prompt tokens the draft model has yet to read
         self.acceptance_record = AcceptanceRecord(tuning_params)  # its drafts' record in batched passes (batch_plan.py)
         self.started = time.perf_counter()
@@ -99,7 +99,7 @@ class Generation:
         k = tuning.choose_k(stopper.budget, room, len(stopper.tokens))
         if k > 0 and tuning.draft_needs_prompt:
             self.stats.time_draft += self._read_prompt_into_draft()
-        forced_limit = min(room, self.tuning_args[1], stopper.budget - 1)  # grammar-forced drafts: at most max_k
+        forced_limit = min(room, self.request.max_k, stopper.budget - 1)  # grammar-forced drafts: at most max_k
         return steps.propose_steps(self.drafter, self.sequence, k, self.sampling, self.noise, tuning.stop_rule,
                                    self.controls, forced_limit)
 

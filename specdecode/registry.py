@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile

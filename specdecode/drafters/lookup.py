@@ -8,8 +8,6 @@ what the target accepted, so a stop rule can end the copy where it stops paying.
 """
 from __future__ import annotations
 
-import torch
-
 from ..sampling import PositionNoise, SamplingParams
 from .base import Draft, Drafter, DrafterTraits, StopRule
 
