@@ -249,13 +249,12 @@ class Engine:
         """A generation of `request` in `slot` (this engine, or a batch slot) with that slot's drafter: the
         drafter begins, and the adaptive K gets its costs if it lacks them."""
         stopper = Stopper(self.tokenizer, request.max_new_tokens, request.stop)
-        generation = Generation(slot, list(request.prompt_ids), drafter, request.sampling, stopper, request.should_stop,
-                                self.row_controls(request), self.tuner.params)
+        generation = Generation(slot, request, drafter, stopper, self.row_controls(request), self.tuner.params)
         if self.inexact is not None:
             generation.stats.exact = False
             generation.stats.notes.append(f"not row-exact ({self.inexact}): speculative output may differ from plain"
                                           " decoding at near-ties")
-        self.start_generation(generation, request)
+        self.start_generation(generation)
         return generation
 
     def row_controls(self, request: Request) -> RowControls | None:
@@ -287,9 +286,9 @@ class Engine:
             if event.finished:
                 return
 
-    def start_generation(self, generation: Generation, request: Request) -> None:
+    def start_generation(self, generation: Generation) -> None:
         """Before the prompt is read: the drafter begins, and the adaptive K gets its costs if it lacks them."""
-        drafter, stats = generation.drafter, generation.stats
+        drafter, stats, request = generation.drafter, generation.stats, generation.request
         if drafter is not None:
             # drops state from another sequence; keeps a shared prefix
             drafter.begin(generation.prompt_ids[:-1], request.namespace)
@@ -302,7 +301,6 @@ class Engine:
         # The draft model reads the prompt lazily, on its first proposal: a generation that never drafts
         # never pays for it. Nothing touches its cache before then, so what it lacks is fixed now.
         generation.unread = drafter.unread_tokens(generation.prompt_ids) if drafter is not None and drafter.traits.reads_prompt else 0
-        generation.request = request
 
     def prefilled(self, generation: Generation) -> None:
         """The prompt is in the target cache: the generation's tuning starts, knowing what the prefill cost."""

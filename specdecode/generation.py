@@ -40,21 +40,21 @@ class StreamEvent:
 class Generation:
     """slot: what holds this request's target cache (`cache`, `cached_ids`: the tokens it holds)."""
 
-    def __init__(self, slot, prompt_ids: list[int], drafter: Drafter | None, sampling: SamplingParams,
-                 stopper: Stopper, should_stop=None, controls: RowControls | None = None,
+    def __init__(self, slot, request, drafter: Drafter | None, stopper: Stopper, controls: RowControls | None = None,
                  tuning_params: TuningParams = DEFAULT_TUNING):
+        """request: the engine's checked, frozen Request (engine.py): prompt, sampling, K, largest K, stop check."""
         self.slot = slot
-        self.prompt_ids = prompt_ids
+        self.request = request
+        self.prompt_ids = prompt_ids = list(request.prompt_ids)
         self.drafter = drafter
-        self.sampling = sampling
-        self.noise = sampling.noise()
+        self.sampling: SamplingParams = request.sampling
+        self.noise = request.sampling.noise()
         self.stopper = stopper
-        self.should_stop = should_stop
+        self.should_stop = request.should_stop
         self.controls = controls  # penalties, logit bias, grammar, logprobs: what shapes and records each row
         self.stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
         self.sequence = list(prompt_ids)  # every token the target has confirmed; its cache holds all but the last
         self.tuning: GenerationTuning | None = None  # from the engine once the prompt is read
-        self.request = None  # the engine's checked Request (K, largest K, confidence floor), set as it starts
         self.unread = 0  # prompt tokens the draft model has yet to read
         self.acceptance_record = AcceptanceRecord(tuning_params)  # its drafts' record in batched passes (batch_plan.py)
         self.started = time.perf_counter()

@@ -8,8 +8,10 @@
 """
 from __future__ import annotations
 
-import contextlib
+import functools
+from unittest import mock
 
+import gguf
 import pytest
 import torch
 
@@ -91,29 +93,10 @@ def gguf_reference(name: str):
     from specdecode import registry
 
     path = registry.resolve(name)
-    with reading_each_gguf_once():
+    # transformers parses the file's header twice (its config, then its weights) with gguf's reader, seconds each
+    # for a large vocabulary: the second parse reuses the first reader (read-only, the same file).
+    with mock.patch.object(gguf, "GGUFReader", functools.cache(gguf.GGUFReader)):
         return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-
-
-@contextlib.contextmanager
-def reading_each_gguf_once():
-    """transformers parses the GGUF file's header twice (its config, then its weights) with gguf's reader, several
-    seconds each for a large vocabulary: let it reuse the first reader (read-only, the same file)."""
-    import gguf
-
-    real, readers = gguf.GGUFReader, {}
-
-    def reader(path, *args, **kwargs):
-        key = (str(path), args, tuple(sorted(kwargs.items())))
-        if key not in readers:
-            readers[key] = real(path, *args, **kwargs)
-        return readers[key]
-
-    gguf.GGUFReader = reader
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = real
 
 
 @pytest.fixture(scope="module")
