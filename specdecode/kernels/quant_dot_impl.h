@@ -757,10 +757,9 @@ static inline void x_storef(float* p, XF v) { _mm512_store_ps(p, v); }
 static inline XF x_addf(XF a, XF b) { return _mm512_add_ps(a, b); }
 // A scale per lane, in the form x_dot_scaled multiplies by.
 static inline XI x_scale_form(XI s32) { return s32; }
-// The exact sums of N chunks (8N columns) of one token for 16 rows, times the rows' scales. FIT: chunks
-// whose products fit int16 together on the AVX2 path (unused here: VNNI sums in int32).
+// The exact sums of N chunks (8N columns) of one token for 16 rows, times the rows' scales.
 // CHAINS: independent accumulators; one is enough where many tokens' chains run side by side.
-template <int N, int FIT, int CHAINS>
+template <int N, int CHAINS>
 static inline XI x_dot_scaled(const XI* lo, const XI* hi, const int8_t* x, XI scales) {
   XI p[2] = {x_zero(), x_zero()};
   for (int c = 0; c < N; ++c) {
@@ -812,22 +811,13 @@ static inline XF x_addf(XF a, XF b) { return _mm256_add_ps(a, b); }
 static inline XI x_scale_form(XI s32) {  // the scale in both 16-bit halves of its lane, for madd
   return _mm256_or_si256(_mm256_and_si256(s32, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(s32, 16));
 }
-// Without VNNI: byte pairs into int16, FIT chunks summed in int16 (their products fit), then one word
-// multiply-add with the scales per FIT chunks.
-template <int N, int FIT, int CHAINS>
-static inline XI x_dot_scaled(const XI* lo, const XI* hi, const int8_t* x, XI scales) {
-  XI s = x_zero();
-  for (int c0 = 0; c0 < N; c0 += FIT) {
-    __m256i w = _mm256_setzero_si256();
-    for (int c = c0; c < c0 + FIT; ++c) {
-      w = _mm256_add_epi16(w, _mm256_maddubs_epi16(lo[c], x_bcast4(x + 8 * c)));
-      w = _mm256_add_epi16(w, _mm256_maddubs_epi16(hi[c], x_bcast4(x + 8 * c + 4)));
-    }
-    s = x_add(s, _mm256_madd_epi16(w, scales));
-  }
-  return s;
+// v, opaque to the optimizer: an accumulator stays one chain of adds. Integer adds reassociate freely, and GCC
+// otherwise turns a token's chain into a tree over all its products, which then outlive the 16 registers.
+static inline XI x_chain(XI v) {
+  __asm__("" : "+x"(v));
+  return v;
 }
-constexpr int X16_TOKENS = 4;  // 16 registers
+constexpr int X16_TOKENS = 4;  // 16 registers: 8 int16 accumulators (4 tokens, both halves), the weights, a broadcast
 static inline XI x_dot4(XI acc, XI w, const int8_t* p) {
   return x_add(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x_bcast4(p)), _mm256_set1_epi16(1)));
 }
@@ -839,6 +829,7 @@ static inline XI x_fifth_bits(const uint8_t* p, int h) {
 }
 #endif
 
+constexpr int X16_HALVES = 16 / XL;  // vectors per group of 16 rows: 1 with AVX-512, 2 with AVX2
 template <int T>
 constexpr int CHAINS = T >= 8 ? 1 : 2;
 // Tokens per tile of the interleaved 32-weight types (their accumulators live in memory: 8 lane vectors a token).
@@ -875,23 +866,64 @@ struct Q4KX16 {  // d, dmin (float16 x 16), scales [8 sub-blocks][16 rows], mins
   static constexpr int QK = 256, BYTES = 148, ROWS = 16, GROUP_BYTES = 16 * 148;
   static constexpr int D = 0, DMIN = 32, SCALES = 64, MINS = 192, QS = 320;  // offsets in a group block
   static constexpr bool K = true, SIGNED = false, OFFSET = true;
+  // s[h][t], o[h][t]: the sums of half h (one half with AVX-512).
   template <int T>
-  static inline void sums(const uint8_t* g, int h, const Act& a, int64_t first, XI* s, XI* o) {
+  static inline void sums(const uint8_t* g, const Act& a, int64_t first, XI (*s)[T], XI (*o)[T]) {
+#if QD_VNNI
 #pragma GCC unroll 1
     for (int j = 0; j < 8; ++j) {  // sub-block j: 32 columns, chunks 4j..4j+3
-      const XI scales = x_scale_form(x_u8_to_32(g + SCALES + 16 * j + XL * h));
+      const XI scales = x_u8_to_32(g + SCALES + 16 * j);
       XI lo[4], hi[4];
       for (int c = 0; c < 4; ++c) {
-        const XI v = x_load(g + QS + 64 * (4 * j + c) + 4 * XL * h);
+        const XI v = x_load(g + QS + 64 * (4 * j + c));
         lo[c] = x_and(v, 15);
         hi[c] = x_and(x_shl16<-4>(v), 15);
       }
 #pragma GCC unroll 16
-      for (int t = 0; t < T; ++t)  // 8 products of 15 * 127 fit int16
-        s[t] = x_add(s[t], x_dot_scaled<4, 4, CHAINS<T>>(lo, hi, a.kq + (first + t) * 256 + 32 * j, scales));
+      for (int t = 0; t < T; ++t)
+        s[0][t] = x_add(s[0][t], x_dot_scaled<4, CHAINS<T>>(lo, hi, a.kq + (first + t) * 256 + 32 * j, scales));
     }
-    offsets<T>(g, h, a, first, o);
+#else
+    // A decode step (one token) walks the group block once per half, which streams from memory faster here; more
+    // tokens take both halves per chunk, so that each activation broadcast feeds two multiplies.
+    if constexpr (T == 1) {
+      for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 1
+        for (int j = 0; j < 8; ++j) avx2_sub_block<T, 1>(g, j, h, a.kq + first * 256 + 32 * j, s);
+    } else {
+#pragma GCC unroll 1
+      for (int j = 0; j < 8; ++j) avx2_sub_block<T, 2>(g, j, 0, a.kq + first * 256 + 32 * j, s);
+    }
+#endif
+    for (int h = 0; h < X16_HALVES; ++h) offsets<T>(g, h, a, first, o[h]);
   }
+#if !QD_VNNI
+  // Sub-block j (32 columns, chunks 4j..4j+3) of the rows of halves h0..h0+NH-1 against T tokens (token t's bytes
+  // at x + 256 t) into s[h][t]: per row, 8 pair sums of 15 * 127 fit int16, then one word multiply-add by the scales.
+  template <int T, int NH>
+  static inline void avx2_sub_block(const uint8_t* g, int j, int h0, const int8_t* x, XI (*s)[T]) {
+    XI w[NH][T];
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) w[h][t] = x_zero();
+#pragma GCC unroll 8
+    for (int cn = 0; cn < 8; ++cn) {  // chunk c = cn / 2: its low nibbles (columns 8c..8c+3), then the high
+      XI u[NH];
+      for (int h = 0; h < NH; ++h) {
+        const XI v = x_load(g + QS + 64 * (4 * j + cn / 2) + 4 * XL * (h0 + h));
+        u[h] = x_and(cn % 2 ? x_shl16<-4>(v) : v, 15);
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        const XI b = x_bcast4(x + 256 * t + 4 * cn);
+        for (int h = 0; h < NH; ++h) w[h][t] = x_chain(_mm256_add_epi16(w[h][t], _mm256_maddubs_epi16(u[h], b)));
+      }
+    }
+    for (int h = 0; h < NH; ++h) {
+      const XI scales = x_scale_form(x_u8_to_32(g + SCALES + 16 * j + XL * (h0 + h)));
+      for (int t = 0; t < T; ++t) s[h0 + h][t] = x_add(s[h0 + h][t], _mm256_madd_epi16(w[h][t], scales));
+    }
+  }
+#endif
   // o[t] += the offset's integer part (also the AMX tiles' offset: the mins stay in the vector lanes)
   template <int T>
   static inline void offsets(const uint8_t* g, int h, const Act& a, int64_t first, XI* o) {
@@ -937,28 +969,62 @@ struct Q6KX16 {
   static constexpr int QK = 256, BYTES = 210, ROWS = 16, GROUP_BYTES = 16 * 210;
   static constexpr int D = 0, PAIRS = 32, PAIR_BYTES = 416, SCALES = 0, QL = 32, QH = 288;  // QL, QH: in a pair
   static constexpr bool K = true, SIGNED = false, OFFSET = false;
+  // The 6-bit weights of chunk c (0..3) of a pair, rows of half h: low-nibble columns in lo, high in hi.
+  static inline void unpack(const uint8_t* pp, int c, int h, XI& lo, XI& hi) {
+    const XI v = x_load(pp + QL + 64 * c + 4 * XL * h);
+    const XI bits = x_load(pp + QH + 64 * (c / 2) + 4 * XL * h);
+    lo = x_or(x_and(v, 15), x_and(c % 2 ? bits : x_shl16<4>(bits), 0x30));
+    hi = x_or(x_and(x_shl16<-4>(v), 15), x_and(c % 2 ? x_shl16<-2>(bits) : x_shl16<2>(bits), 0x30));
+  }
+  // Lane r of half h: the two scales of the pair as int16 (pair), in the form x_dot_scaled multiplies by (even,
+  // odd), and -32 * scale (fits int16), which times the sums of 16 activations gives every weight's -32 in the
+  // same int32 as the rest.
+  struct PairScales {
+    XI even, odd, minus32;
+    PairScales(const uint8_t* pp, int h) {
+      const XI pair = x_i8_to_16(pp + SCALES + 2 * XL * h);
+      even = x_scale_form(x_shl32<-16>(x_shl32<16>(pair)));
+      odd = x_scale_form(x_shl32<-16>(pair));
+      minus32 = x_neg16(x_shl16<5>(pair));
+    }
+  };
+  // s[h][t]: the sums of half h (one half with AVX-512).
   template <int T>
-  static inline void sums(const uint8_t* g, int h, const Act& a, int64_t first, XI* s, XI*) {
+  static inline void sums(const uint8_t* g, const Act& a, int64_t first, XI (*s)[T], XI (*)[T]) {
 #pragma GCC unroll 1
     for (int p = 0; p < 8; ++p) {  // sub-blocks 2p and 2p+1: 32 columns, chunks 4p..4p+3
       const uint8_t* pp = g + PAIRS + PAIR_BYTES * p;
-      const XI pair = x_i8_to_16(pp + SCALES + 2 * XL * h);  // lane r: the two scales as int16
-      const XI even = x_scale_form(x_shl32<-16>(x_shl32<16>(pair))), odd = x_scale_form(x_shl32<-16>(pair));
-      // The -32 of every weight: -32 * scale (fits int16) times the sums of 16 activations, in the same int32.
-      const XI minus32 = x_neg16(x_shl16<5>(pair));
+#if QD_VNNI
+      const PairScales sc(pp, 0);
       XI lo[4], hi[4];
-      for (int c = 0; c < 4; ++c) {
-        const XI v = x_load(pp + QL + 64 * c + 4 * XL * h);
-        const XI bits = x_load(pp + QH + 64 * (c / 2) + 4 * XL * h);
-        lo[c] = x_or(x_and(v, 15), x_and(c % 2 ? bits : x_shl16<4>(bits), 0x30));
-        hi[c] = x_or(x_and(x_shl16<-4>(v), 15), x_and(c % 2 ? x_shl16<-2>(bits) : x_shl16<2>(bits), 0x30));
-      }
+      for (int c = 0; c < 4; ++c) unpack(pp, c, 0, lo[c], hi[c]);
 #pragma GCC unroll 16
-      for (int t = 0; t < T; ++t) {  // 2 products of 63 * 127 fit int16, 4 do not
+      for (int t = 0; t < T; ++t) {
         const int8_t* x = a.kq + (first + t) * 256 + 32 * p;
-        s[t] = x_add(s[t], x_add(x_dot_scaled<2, 1, CHAINS<T>>(lo, hi, x, even), x_dot_scaled<2, 1, CHAINS<T>>(lo + 2, hi + 2, x + 16, odd)));
-        s[t] = x_pairs(s[t], minus32, a.kbsum + (first + t) * 16 + 2 * p);
+        s[0][t] = x_add(s[0][t], x_add(x_dot_scaled<2, CHAINS<T>>(lo, hi, x, sc.even), x_dot_scaled<2, CHAINS<T>>(lo + 2, hi + 2, x + 16, sc.odd)));
+        s[0][t] = x_pairs(s[0][t], sc.minus32, a.kbsum + (first + t) * 16 + 2 * p);
       }
+#else
+      // Both halves per chunk, each activation broadcast feeding two multiplies (see Q4KX16); per chunk and row,
+      // 2 pair sums of 63 * 127 fit int16, 4 do not.
+      const PairScales sc[2] = {PairScales(pp, 0), PairScales(pp, 1)};
+      const int8_t* x = a.kq + first * 256 + 32 * p;
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        XI lo[2], hi[2];
+        for (int h = 0; h < 2; ++h) unpack(pp, c, h, lo[h], hi[h]);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) {
+          const XI bl = x_bcast4(x + 256 * t + 8 * c), bh = x_bcast4(x + 256 * t + 8 * c + 4);
+          for (int h = 0; h < 2; ++h) {
+            const XI w = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], bl), _mm256_maddubs_epi16(hi[h], bh));
+            s[h][t] = x_chain(x_add(s[h][t], _mm256_madd_epi16(w, c < 2 ? sc[h].even : sc[h].odd)));
+          }
+        }
+      }
+      for (int h = 0; h < 2; ++h)
+        for (int t = 0; t < T; ++t) s[h][t] = x_pairs(s[h][t], sc[h].minus32, a.kbsum + (first + t) * 16 + 2 * p);
+#endif
     }
   }
   static inline XF d(const uint8_t* g, int h) { return x_halfs(g + D + 2 * XL * h); }
@@ -1056,7 +1122,7 @@ static inline void x16_store(const float (*acc)[ROWS], const float (*off)[ROWS],
 // perturb_token: as in tile(), that token's odd blocks summed apart (the tests' broken variant).
 template <class B, int T>
 void tile_x16(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
-  constexpr int H = B::ROWS / XL;  // vectors per group: 1 with AVX-512, 2 with AVX2
+  constexpr int H = X16_HALVES;
   const int64_t nblk = a.in / B::QK;
   alignas(64) float acc[T][B::ROWS] = {}, off[T][B::ROWS] = {}, odd[T][B::ROWS] = {};
   const bool perturb = perturb_token >= t0 && perturb_token < t0 + T;
@@ -1065,14 +1131,15 @@ void tile_x16(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy,
     // No software prefetch: a group is one long run of blocks read in order, which the hardware prefetchers
     // follow (asking for lines ahead, as the one-row types do, measured slower here).
     const int64_t first = blk * a.M + t0;  // this block of token t0, block-major
+    XI s[H][T], o[H][T];
+    for (int h = 0; h < H; ++h)
+      for (int t = 0; t < T; ++t) s[h][t] = o[h][t] = x_zero();
+    B::template sums<T>(g, a, first, s, o);
     for (int h = 0; h < H; ++h) {
-      XI s[T], o[T];
-      for (int t = 0; t < T; ++t) s[t] = o[t] = x_zero();
-      B::template sums<T>(g, h, a, first, s, o);
       const XF d = B::d(g, h), off_scale = B::off_scale(g, h);
       for (int t = 0; t < T; ++t) {
         float* sink = (perturb && t0 + t == perturb_token && (blk & 1)) ? odd[t] : acc[t];
-        x16_accumulate<B::OFFSET>(sink + XL * h, off[t] + XL * h, s[t], o[t], d, off_scale,
+        x16_accumulate<B::OFFSET>(sink + XL * h, off[t] + XL * h, s[h][t], o[h][t], d, off_scale,
                                   x_set1(a.kd_by_block[blk * (a.M + 8) + t0 + t]));
       }
     }
