@@ -872,7 +872,7 @@ struct Q4KX16 {  // d, dmin (float16 x 16), scales [8 sub-blocks][16 rows], mins
 #if QD_VNNI
 #pragma GCC unroll 1
     for (int j = 0; j < 8; ++j) {  // sub-block j: 32 columns, chunks 4j..4j+3
-      const XI scales = x_u8_to_32(g + SCALES + 16 * j);
+      const XI scales = x_scale_form(x_u8_to_32(g + SCALES + 16 * j));
       XI lo[4], hi[4];
       for (int c = 0; c < 4; ++c) {
         const XI v = x_load(g + QS + 64 * (4 * j + c));
@@ -1054,7 +1054,7 @@ struct Q50X16 {
 // are added in hsum()'s order ((0+4) + (1+5)) + ((2+6) + (3+7)), plus the offset 0.0f, as tile_lanes() does.
 template <class B, int T>
 void tile_x16_lanes(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
-  constexpr int H = B::ROWS / XL;
+  constexpr int H = X16_HALVES;
   const int64_t nblk = a.in / B::QK;
   const bool perturb = perturb_token >= t0 && perturb_token < t0 + T;
   alignas(64) float acc[T][H][8][XL] = {};
