@@ -28,15 +28,26 @@ import ray, ray.serve, specdecode.server.cluster" ;; esac
 import pytest, xdist, hypothesis, openai, httpx, playwright.sync_api, accelerate" ;; esac
   echo "$code"
 }
+# torch first, through pip: pyproject.toml pins 2.13.0, the CPU build pip finds on this kind of machine (its
+# find-links); an unpinned torch, or an installer that does not read pip's configuration, would pull a CUDA build of
+# several GB. The rest through uv where it installs: it resolves, downloads and unpacks in parallel (the test extras
+# in ~10 s where pip took ~2 min on two cores), keeps the torch already there, and compiles no bytecode (the import
+# below compiles what a run imports). pip does all of it where uv cannot be had.
+install_packages() {
+  local target=".${1:+[$1]}" pip=(.venv/bin/python -m pip install -q --no-compile --disable-pip-version-check)
+  .venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" "torch==2.13.0" 2>&1 | quiet_pip >&2 || true
+  if [ -x .venv/bin/uv ] || "${pip[@]}" uv 2>&1 | quiet_pip >&2 && [ -x .venv/bin/uv ]; then
+    .venv/bin/uv pip install -q --python .venv/bin/python -e "$target" >&2 && return
+    echo "setup: uv could not install; trying pip" >&2
+  fi
+  "${pip[@]}" -e "$target" 2>&1 | quiet_pip >&2 || true
+}
+quiet_pip() { grep -v -E "^(WARNING: Location|$)" || true; }
 stamp=".venv/.specdecode-installed${extras:+-${extras//,/-}}"
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "setup: installing specdecode${extras:+ with extras $extras} (about 2 minutes the first time)" >&2
-  # torch is pinned to 2.13.0 in pyproject.toml: the CPU build; an unpinned torch would pull a CUDA build.
-  # --no-compile: pip would byte-compile every module of every package, about half of the install's CPU (torch and
-  # Ray are mostly modules no run imports); the import below compiles the ones a run does import, once.
-  .venv/bin/python -m pip install -q --no-compile --disable-pip-version-check -e ".${extras:+[$extras]}" 2>&1 \
-    | grep -v -E "^(WARNING: Location|$)" >&2 || true
+  echo "setup: installing specdecode${extras:+ with extras $extras}" >&2
+  install_packages "$extras"
   # Written to __pycache__ even where PYTHONDONTWRITEBYTECODE is set: later runs read it (the variable only stops
   # writing), so no process compiles these modules again.
   env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "$(warm_imports "$extras")" \
