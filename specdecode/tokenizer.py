@@ -169,12 +169,15 @@ class Tokenizer:
         """One past the largest id a real token has: ids from here on are padding rows of the embedding."""
         return max(self._real_vocab.values(), default=-1) + 1
 
-    def _merges(self):
+    @functools.cached_property
+    def _merges(self) -> str | None:
+        """A digest of the model's type and merges: parsing a large vocabulary's tokenizer JSON takes a good part of a
+        second, and every engine with a draft model compares the two tokenizers."""
         backend = getattr(self.hf, "backend_tokenizer", None)
         if backend is None:
             return None
         model = json.loads(backend.to_str()).get("model", {})
-        return model.get("type"), model.get("merges")
+        return hashlib.sha256(json.dumps([model.get("type"), model.get("merges")]).encode()).hexdigest()
 
     def _special_ids(self) -> dict[int, str]:
         decoder = getattr(self.hf, "added_tokens_decoder", {}) or {}
@@ -188,7 +191,7 @@ class Tokenizer:
             changed = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda item: item[1])
             token, tid = changed[0]
             return f"different vocabularies: {len(mine)} vs {len(theirs)} tokens, first difference at id {tid} ({token!r})"
-        if self._merges() != other._merges():
+        if self._merges != other._merges:
             return "the same vocabulary but different merges"
         specials, their_specials = self._special_ids(), other._special_ids()
         if specials != their_specials:
