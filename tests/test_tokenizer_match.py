@@ -7,7 +7,6 @@ import functools
 import json
 
 import pytest
-import torch
 
 from specdecode.engine import Engine, check_same_tokenizer
 from specdecode.errors import ModelError

@@ -12,7 +12,6 @@ import random
 from collections import Counter
 
 import pytest
-import torch
 
 from specdecode.drafters.base import Draft, Drafter
 from specdecode.drafters.draft_model import DraftModelDrafter

@@ -149,7 +149,6 @@ def test_rows_are_bitwise_the_same_in_any_block(name, precision):
     largest) or in a prompt gives the same bits: logits and the keys/values it leaves in the cache.
     Token-level identity tests on tiny models rarely hit a near-tie, so this compares the bits."""
     from specdecode import kernels
-    from specdecode.models.loader import _to_quant_weights
 
     if kernels.load_kernel() is None:
         pytest.skip("no CPU kernel")

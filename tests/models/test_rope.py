@@ -14,7 +14,7 @@ import torch
 from specdecode.errors import ModelError
 from specdecode.models.config import RopeScaling
 from specdecode.models.gguf_loader import load_gguf_model
-from specdecode.models.hf_loader import config_from_hf, load_hf_native, read_hf_config
+from specdecode.models.hf_loader import config_from_hf, load_hf_native
 from specdecode.models.rope import rope_frequencies
 
 MAX_ABS_DIFF = 2e-3  # as test_hf_match: float32 on both sides (measured ~1e-5 here, logits of magnitude ~7)

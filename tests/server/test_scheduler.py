@@ -6,9 +6,6 @@ import threading
 
 import pytest
 
-from specdecode.errors import InputError
-
-from specdecode.drafters.suffix_store import SuffixStore
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.protocol import ApiError, GenerationRequest
 from specdecode.server.scheduler import FairQueue, Job, QueueFull, Scheduler
