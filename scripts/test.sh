@@ -29,8 +29,8 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
 fi
 wait "$extras" || { echo "test: installing the test extras failed" >&2; exit 1; }
 wait "$small" && wait "$draft" || { echo "test: pulling the test models failed" >&2; exit 1; }
-wait  # llama.cpp's sources
 wait "$kernel" || true  # a kernel that does not build is reported by the tests (and fails CI: tests/conftest.py)
+wait  # llama.cpp's sources (after the waits by pid: a bare wait forgets the statuses of the jobs it reaps)
 # One worker per core, one thread each: the tests run small models, whose steps are mostly fixed costs a second
 # thread cannot share, so two one-thread workers ran the suite ~2.5x faster than one two-thread process. Workers
 # take whole files (loadfile): the tests that start a local Ray cluster are one file, so one cluster runs at a
