@@ -35,8 +35,11 @@ import pytest, xdist, hypothesis, openai, httpx, playwright.sync_api, accelerate
 # below compiles what a run imports). pip does all of it where uv cannot be had.
 install_packages() {
   local target=".${1:+[$1]}" pip=(.venv/bin/python -m pip install -q --no-compile --disable-pip-version-check)
-  .venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" "torch==2.13.0" 2>&1 | quiet_pip >&2 || true
-  if [ -x .venv/bin/uv ] || "${pip[@]}" uv 2>&1 | quiet_pip >&2 && [ -x .venv/bin/uv ]; then
+  local torch_pin  # pyproject.toml's own pin, so the two cannot disagree
+  torch_pin=$(grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
+  .venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" "$torch_pin" 2>&1 | quiet_pip >&2 || true
+  [ -x .venv/bin/uv ] || "${pip[@]}" uv 2>&1 | quiet_pip >&2 || true
+  if [ -x .venv/bin/uv ]; then
     .venv/bin/uv pip install -q --python .venv/bin/python -e "$target" >&2 && return
     echo "setup: uv could not install; trying pip" >&2
   fi
