@@ -1,13 +1,13 @@
-"""`serve --replicas`: two smollm2 engine replicas on a real local Ray cluster, behind one entry point; and the
-command itself (`specdecode serve --replicas 2`, its own cluster).
+"""`serve --replicas`: two smollm2 engine replicas on a real local Ray cluster, behind one entry point, started
+as a user starts them (`specdecode serve --replicas 2`, a cluster of its own) and stopped by SIGTERM.
 
-One cluster for the module (starting one costs the replicas' model loads and warm-ups); tests run in file
-order and the replica-killing test goes last. Each replica gets one thread: two cores, two replicas.
+One cluster for the module (starting one costs Ray's start and the replicas' model loads and warm-ups); tests run
+in file order: the suffix-store check first (before other answers fill its namespace's store), the replica-killing
+test near the end, SIGTERM last. Each replica gets one thread: two cores, two replicas.
 """
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import signal
@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,6 +30,8 @@ ray = pytest.importorskip("ray", reason="the 'cluster' extra (ray[serve]) is not
 QUEUE = 16
 BATCH = 1  # generations each replica runs at once: one, so a killed replica has requests queued (the batched
 # engine behind Ray is tested by test_serve_modes)
+KEY = "k"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 LONG_SYSTEM = ("You are a patient teacher of programming. You answer questions about Python with short, correct"
                " examples, and you explain every step of the code you show in plain words. ")
 
@@ -53,81 +56,81 @@ def test_deploy_pulls_and_converts_the_models_once_before_serve_starts_the_repli
     assert calls == [("prepare", MODEL), "serve.start", "serve.run"]
 
 
-# Before the module's cluster starts: the command brings up a Ray cluster of its own.
-def test_replicas_flag_serves_on_ray_and_sigterm_exits_zero(tmp_path):
+class Served:
+    """The `serve --replicas` process, its base URL and its log."""
+
+    def __init__(self, proc: subprocess.Popen, base: str, log_path: Path):
+        self.proc, self.base, self.log_path = proc, base, log_path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("cluster") / "serve.log"
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "specdecode.cli", "serve", "--model", MODEL, "--draft", "none", "--ctx", "512",
-         "--replicas", "2", "--threads-per-replica", "1", "--port", str(port), "--api-key", "k"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specdecode.cli", "serve", "--model", MODEL, "--draft", "none", "--ctx", "1024",
+             "--replicas", "2", "--threads-per-replica", "1", "--queue-size", str(QUEUE), "--max-batch", str(BATCH),
+             "--port", str(port), "--api-key", KEY],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    served = Served(proc, f"http://127.0.0.1:{port}", log_path)
     try:
         def ready() -> bool:
-            assert proc.poll() is None, open(tmp_path / "serve.log").read()
+            assert proc.poll() is None, served.log()
             try:
-                return httpx.get(base + "/health", timeout=2).json().get("replicas_ready") == 2
+                return httpx.get(served.base + "/health", timeout=2).json().get("replicas_ready") == 2
             except (httpx.TransportError, ValueError):
                 return False
 
-        assert wait_until(ready, timeout=240, interval=0.5), open(tmp_path / "serve.log").read()
-        body = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0}
-        assert httpx.post(base + "/v1/completions", json=body).status_code == 401
-        answer = httpx.post(base + "/v1/completions", json=body, headers={"Authorization": "Bearer k"}, timeout=60)
-        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
-        # Serve's proxy must not believe X-Forwarded-For from loopback: a spoofed one keeps the client's namespace
-        # (its second ask copies the first answer from the suffix store; another namespace would copy nothing)
-        story = {"model": MODEL, "prompt": "Before the answer, a note: routing follows prompts of 128 characters"
-                 " or more, so this one is long. Write the alphabet backwards, letter by letter:", "max_tokens": 24,
-                 "temperature": 0, "speculative": {"drafter": "suffix", "k": 8}}
-        sources = lambda **extra: httpx.post(base + "/v1/completions", json=story, timeout=120, headers={  # noqa: E731
-            "Authorization": "Bearer k", **extra}).json()["specdecode"]["sources"]
-        assert "store" not in sources()
-        assert "store" in sources(**{"X-Forwarded-For": "203.0.113.9"})
-        assert httpx.get(base + "/metrics").status_code == 401
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 0
-        log.seek(0)
-        assert "Traceback" not in log.read()
+        assert wait_until(ready, timeout=240, interval=0.5), served.log()
+        yield served
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        log.close()
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    from ray import serve
+@pytest.fixture
+def cluster(served):
+    return served.base
 
-    from specdecode.server.cluster import ClusterSettings, deploy
-    from specdecode.server.exposure import default_allowed_hosts
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024**2, logging_level=logging.WARNING,
-             log_to_driver=False)
-    options = dict(model=MODEL, draft="none", draft_dtype="auto", precision="int8", device="cpu", ctx=1024)
-    port = free_port()
-    try:
-        settings = ClusterSettings(options, MODEL, replicas=2, threads_per_replica=1, queue_size=QUEUE, max_batch=BATCH,
-                                   allowed_hosts=default_allowed_hosts("127.0.0.1"))
-        deploy(settings, "127.0.0.1", port)
-        base = f"http://127.0.0.1:{port}"
-        assert wait_until(lambda: httpx.get(base + "/health").json()["replicas_ready"] == 2, timeout=60)
-        yield base
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+def get(url: str, **kwargs) -> httpx.Response:
+    return httpx.get(url, headers=AUTH, **kwargs)
+
+
+def post(url: str, **kwargs) -> httpx.Response:
+    return httpx.post(url, headers={**AUTH, **kwargs.pop("headers", {})}, **kwargs)
+
+
+def test_the_key_is_required_and_a_spoofed_forwarded_for_keeps_the_clients_namespace(cluster):
+    body = {"model": MODEL, "prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0}
+    assert httpx.post(cluster + "/v1/completions", json=body).status_code == 401
+    answer = post(cluster + "/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+    # Serve's proxy must not believe X-Forwarded-For from loopback: a spoofed one keeps the client's namespace
+    # (its second ask copies the first answer from the suffix store; another namespace would copy nothing)
+    story = {"model": MODEL, "prompt": "Before the answer, a note: routing follows prompts of 128 characters"
+             " or more, so this one is long. Write the alphabet backwards, letter by letter:", "max_tokens": 24,
+             "temperature": 0, "speculative": {"drafter": "suffix", "k": 8}}
+    sources = lambda **extra: post(cluster + "/v1/completions", json=story, timeout=120,  # noqa: E731
+                                   headers=extra).json()["specdecode"]["sources"]
+    assert "store" not in sources()
+    assert "store" in sources(**{"X-Forwarded-For": "203.0.113.9"})
+    assert httpx.get(cluster + "/metrics").status_code == 401
 
 
 @pytest.fixture
 def openai_client(cluster):
     openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=cluster + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai.OpenAI(base_url=cluster + "/v1", api_key=KEY, max_retries=0, timeout=300)
 
 
 def metric_by_replica(base: str, name: str) -> dict[str, float]:
-    text = httpx.get(base + "/metrics").text
+    text = get(base + "/metrics").text
     return {m.group(1): float(m.group(2)) for m in re.finditer(rf'^{name}\{{replica="([^"]+)"\}} (\S+)$', text, re.M)}
 
 
@@ -150,14 +153,14 @@ def test_greedy_text_equals_the_one_process_server(openai_client, client):
 
 
 def test_errors_keep_their_shape(cluster, openai_client):
-    response = httpx.post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "x", "temperature": 9})
+    response = post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "x", "temperature": 9})
     assert response.status_code == 400 and response.json()["error"]["param"] == "temperature"
-    response = httpx.post(cluster + "/v1/completions", content=b"{", headers={"content-type": "application/json"})
+    response = post(cluster + "/v1/completions", content=b"{", headers={"content-type": "application/json"})
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
-    too_long = httpx.post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "word " * 1500, "max_tokens": 1})
+    too_long = post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "word " * 1500, "max_tokens": 1})
     assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
-    assert httpx.get(cluster + "/nowhere").json()["error"]["code"] == "not_found"
-    rebound = httpx.post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "x"}, headers={"host": "evil.example"})
+    assert get(cluster + "/nowhere").json()["error"]["code"] == "not_found"
+    rebound = post(cluster + "/v1/completions", json={"model": MODEL, "prompt": "x"}, headers={"host": "evil.example"})
     assert rebound.status_code == 421 and rebound.json()["error"]["code"] == "host_not_allowed"
 
 
@@ -165,7 +168,7 @@ def stream_one(base: str, body: dict, on_replica=None) -> dict:
     """A streamed completion: its text, finish reason, replica, and the error event if it ended with one.
     on_replica(replica) is called at the first chunk, which names the replica generating it."""
     result = {"text": "", "finish": None, "replica": None, "error": None, "done": False}
-    with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True}, timeout=300) as response:
+    with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True}, headers=AUTH, timeout=300) as response:
         assert response.status_code == 200, response.read()
         for line in response.iter_lines():
             if not line.startswith("data: "):
@@ -229,7 +232,7 @@ def test_the_entry_point_answers_429_once_every_replica_queue_is_full(cluster):
 
     def one(index: int) -> httpx.Response:
         gate.wait()
-        return httpx.post(cluster + "/v1/completions", timeout=300, json={
+        return post(cluster + "/v1/completions", timeout=300, json={
             "model": MODEL, "prompt": f"Request {index}:", "max_tokens": 32, "temperature": 0})
 
     with ThreadPoolExecutor(capacity + extra) as pool:
@@ -240,15 +243,25 @@ def test_the_entry_point_answers_429_once_every_replica_queue_is_full(cluster):
     assert all(r.json()["error"]["code"] == "queue_full" and int(r.headers["retry-after"]) >= 1 for r in refused)
 
 
-def replica_pids() -> dict[str, int]:
-    from ray import serve
-
-    board = serve.get_deployment_handle("ReplicaBoard", app_name="specdecode")
-    return {replica: entry["pid"] for replica, entry in board.read.remote().result().items() if entry["ready"]}
+def replica_pids(cluster: str) -> dict[str, int]:
+    """The ready engine replicas' process ids, by replica. Each replica process keeps its own Serve log open, named by
+    its replica id: /proc tells which process that is (the test process is no driver of the command's cluster)."""
+    ready = {r for r, state in httpx.get(cluster + "/health").json()["replica_states"].items() if state["ready"]}
+    pids = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            targets = [os.readlink(fd) for fd in (proc / "fd").iterdir()] if proc.name.isdigit() else []
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        for target in targets:
+            found = re.search(r"replica_specdecode_EngineReplica_(\w+)\.log$", target)
+            if found and found.group(1) in ready:
+                pids[found.group(1)] = int(proc.name)
+    return pids
 
 
 def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it(cluster):
-    pids = replica_pids()
+    pids = replica_pids(cluster)
     assert len(pids) == 2
     victim, survivor = sorted(pids)
     results: list[dict] = []
@@ -281,11 +294,17 @@ def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it
     assert all(r["error"]["code"] == "replica_failed" for r in failed)
     assert all(r["replica"] in (victim, None) for r in failed)  # only the victim's started streams fail
     assert all(r["replica"] == survivor and r["finish"] in ("length", "stop") for r in results if r["error"] is None)
-    resent = re.search(r"^specdecode_resent_total (\S+)$", httpx.get(cluster + "/metrics").text, re.M)
+    resent = re.search(r"^specdecode_resent_total (\S+)$", get(cluster + "/metrics").text, re.M)
     assert float(resent.group(1)) >= 1  # the victim's queued requests went to the survivor
     # Ray starts a new replica; once it is ready, both serve again.
     assert wait_until(lambda: httpx.get(cluster + "/health").json()["replicas_ready"] == 2, timeout=180, interval=0.5)
-    assert victim not in replica_pids()
+    assert victim not in replica_pids(cluster)
     later = [stream_one(cluster, {"model": MODEL, "prompt": f"Later {i}:", "max_tokens": 4, "temperature": 0})
              for i in range(4)]
     assert all(r["error"] is None and r["done"] for r in later)
+
+
+def test_sigterm_finishes_and_exits_zero(served):
+    served.proc.send_signal(signal.SIGTERM)
+    assert served.proc.wait(timeout=120) == 0
+    assert "Traceback" not in served.log()
