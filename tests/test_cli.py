@@ -1,10 +1,13 @@
-"""The command line, run as a user runs it (a subprocess) on the tiny real model smollm2-135m.
+"""The command line on the tiny real model smollm2-135m: as a user runs it (a subprocess) where the process itself is
+what is tested (its stdout, its exit status, what it reads from the environment at start), else its entry point
+`main(argv)` in this process, which spares each test a Python start and the imports (about two seconds each).
 
 Only generated text goes to stdout; statistics go to stderr; bad input gives one `error:` line on
 stderr and a non-zero exit, never a traceback.
 """
 from __future__ import annotations
 
+import io
 import os
 import re
 import subprocess
@@ -12,6 +15,7 @@ import sys
 
 import pytest
 
+from specdecode.cli import main
 from specdecode.engine import Engine
 from testlib import SMOLLM2
 
@@ -22,6 +26,25 @@ def run_cli(*args: str, env: dict | None = None, stdin: str | None = None) -> su
         [sys.executable, "-m", "specdecode.cli", *args],
         capture_output=True, text=True, timeout=600, env=full_env, input=stdin,
     )
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """main(argv) as `python -m specdecode.cli` runs it, in this process: its exit status, stdout and stderr."""
+    def run(*args: str, env: dict | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's refusals
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["specdecode", *args], code, out, err)
+
+    return run
 
 
 def assert_clean_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -51,41 +74,41 @@ def test_generate_plain_prints_only_the_text_on_stdout(expected_hi):
     assert "tok/s" not in result.stdout
 
 
-def test_generate_with_lookup_gives_the_same_text_and_stats_on_stderr(expected_hi):
-    result = run_cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--k", "3", "--max-new-tokens", "8",
+def test_generate_with_lookup_gives_the_same_text_and_stats_on_stderr(cli, expected_hi):
+    result = cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--k", "3", "--max-new-tokens", "8",
                      "--stats", "Hi")
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected_hi + "\n"  # greedy speculation is lossless
     assert "tokens in" in result.stderr and "time:" in result.stderr
 
 
-def test_show_drafts_colours_the_same_text_by_origin_and_source():
+def test_show_drafts_colours_the_same_text_by_origin_and_source(cli):
     prompt = "Repeat exactly: alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta"
     # A pinned K: whether the adaptive K drafts here depends on timings of a busy machine, and this test is about colours.
-    result = run_cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--k", "4", "--max-new-tokens", "24",
+    result = cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--k", "4", "--max-new-tokens", "24",
                      "--show-drafts", "--chat", prompt)
-    plain = run_cli("generate", "--model", SMOLLM2, "--draft", "none", "--max-new-tokens", "24", "--chat", prompt)
+    plain = cli("generate", "--model", SMOLLM2, "--draft", "none", "--max-new-tokens", "24", "--chat", prompt)
     assert result.returncode == 0 and plain.returncode == 0, result.stderr + plain.stderr
     assert re.sub(r"\033\[\d*m", "", result.stdout) == plain.stdout  # colour codes only, the same text
     assert "\033[32m" in result.stdout and "\033[35m" not in result.stdout  # copied tokens green, none from a model
     assert "legend:" in result.stderr and "accepted (draft model)" in result.stderr
 
 
-def test_generate_reads_the_prompt_from_stdin(expected_hi):
-    result = run_cli("generate", "--model", SMOLLM2, "--draft", "none", "--max-new-tokens", "8", "-", stdin="Hi")
+def test_generate_reads_the_prompt_from_stdin(cli, expected_hi):
+    result = cli("generate", "--model", SMOLLM2, "--draft", "none", "--max-new-tokens", "8", "-", stdin="Hi")
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected_hi + "\n"
 
 
-def test_small_context_with_automatic_k():
-    result = run_cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--ctx", "16", "--no-chat",
+def test_small_context_with_automatic_k(cli):
+    result = cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--ctx", "16", "--no-chat",
                      "--max-new-tokens", "4", "Hi")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip()
 
 
-def test_models_list():
-    result = run_cli("models", "list")
+def test_models_list(cli):
+    result = cli("models", "list")
     assert result.returncode == 0, result.stderr
     assert SMOLLM2 in result.stdout and "qwen2.5-coder-1.5b" in result.stdout
     line = next(l for l in result.stdout.splitlines() if l.startswith(SMOLLM2))
@@ -93,27 +116,27 @@ def test_models_list():
 
 
 # --------------------------------------------------------------------------- bad input
-def test_unknown_model():
-    assert_clean_error(run_cli("generate", "--model", "no-such-model", "--draft", "none", "Hi"), "no-such-model", SMOLLM2)
+def test_unknown_model(cli):
+    assert_clean_error(cli("generate", "--model", "no-such-model", "--draft", "none", "Hi"), "no-such-model", SMOLLM2)
 
 
-def test_missing_file():
-    assert_clean_error(run_cli("generate", "--model", "/nonexistent/model.gguf", "--draft", "none", "Hi"), "not found")
+def test_missing_file(cli):
+    assert_clean_error(cli("generate", "--model", "/nonexistent/model.gguf", "--draft", "none", "Hi"), "not found")
 
 
-def test_corrupt_file(tmp_path):
+def test_corrupt_file(cli, tmp_path):
     bad = tmp_path / "corrupt.gguf"
     bad.write_bytes(b"this is not a model at all" * 10)
-    assert_clean_error(run_cli("generate", "--model", str(bad), "--draft", "none", "Hi"), "corrupt.gguf")
+    assert_clean_error(cli("generate", "--model", str(bad), "--draft", "none", "Hi"), "corrupt.gguf")
 
 
-def test_truncated_gguf(tmp_path):
+def test_truncated_gguf(cli, tmp_path):
     from specdecode import registry
 
     truncated = tmp_path / "truncated.gguf"
     with open(registry.resolve(SMOLLM2), "rb") as src:
         truncated.write_bytes(src.read(1_000_000))
-    result = run_cli("generate", "--model", str(truncated), "--draft", "none", "Hi",
+    result = cli("generate", "--model", str(truncated), "--draft", "none", "Hi",
                      env={"SPECDECODE_CACHE": str(tmp_path / "cache")})
     assert_clean_error(result, "truncated.gguf")
 
@@ -155,17 +178,17 @@ def test_an_instruction_set_the_cpu_cannot_run_is_refused_at_load(command, isa):
         (["--temperature", "1", "--seed", str(2**63)], "seed"),
     ],
 )
-def test_invalid_decoding_values(flags, fragment):
-    assert_clean_error(run_cli("generate", "--model", SMOLLM2, "--draft", "none", *flags, "Hi"), fragment)
+def test_invalid_decoding_values(cli, flags, fragment):
+    assert_clean_error(cli("generate", "--model", SMOLLM2, "--draft", "none", *flags, "Hi"), fragment)
 
 
-def test_prompt_longer_than_the_context():
+def test_prompt_longer_than_the_context(cli):
     prompt = "Tell me everything about speculative decoding and why it is lossless, in detail, please."
-    assert_clean_error(run_cli("generate", "--model", SMOLLM2, "--draft", "none", "--ctx", "16", "--no-chat", prompt),
+    assert_clean_error(cli("generate", "--model", SMOLLM2, "--draft", "none", "--ctx", "16", "--no-chat", prompt),
                        "context")
 
 
-def test_mismatched_draft_model(tmp_path):
+def test_mismatched_draft_model(cli, tmp_path):
     """A draft whose tokenizer differs from the target's is refused with one clear line."""
     import json
 
@@ -181,7 +204,7 @@ def test_mismatched_draft_model(tmp_path):
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     LlamaForCausalLM(config).save_pretrained(str(folder))
     assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
-    result = run_cli("generate", "--model", SMOLLM2, "--draft", str(folder), "--draft-dtype", "float32",
+    result = cli("generate", "--model", SMOLLM2, "--draft", str(folder), "--draft-dtype", "float32",
                      "--max-new-tokens", "4", "Hi")
     assert_clean_error(result, "tokenizer")
 
