@@ -8,7 +8,6 @@ import pytest
 from specdecode.bench.prompts import load_suite
 from specdecode.bench.runner import Row, acceptance_by_k, summarise
 from specdecode.errors import InputError
-from test_cli import run_cli
 from testlib import SMOLLM2
 
 
@@ -74,9 +73,9 @@ def test_summary_speedup_and_acceptance_by_draft_length():
     assert per_k["draft"][2]["alpha"] == pytest.approx(0.25)
 
 
-def test_bench_end_to_end_on_a_real_model(bench_dir, tmp_path, smollm2):
+def test_bench_end_to_end_on_a_real_model(cli, bench_dir, tmp_path, smollm2):
     out = tmp_path / "out"
-    result = run_cli("bench", "--model", SMOLLM2, "--draft", "lookup", "--drafters", "ar,lookup", "--suite", "specbench",
+    result = cli("bench", "--model", SMOLLM2, "--draft", "lookup", "--drafters", "ar,lookup", "--suite", "specbench",
                      "--bench-dir", str(bench_dir), "--limit", "1", "--max-new-tokens", "12", "--ctx", "512",
                      "--out", str(out))
     assert result.returncode == 0, result.stderr
@@ -104,11 +103,11 @@ def bench_results(tmp_path, name: str, rows: list[Row], **config) -> str:
     return str(folder)
 
 
-def test_bench_merge_pools_the_rows_of_runs_over_different_prompts(tmp_path):
+def test_bench_merge_pools_the_rows_of_runs_over_different_prompts(cli, tmp_path):
     first = [row("ar", 20, 10.0, prompt="1", prefill=2.0), row("draft", 20, 5.0, {4: 4}, {4: 12}, True, prompt="1", prefill=2.0)]
     second = [row("ar", 30, 12.0, prompt="2", prefill=3.0), row("draft", 30, 10.0, {2: 10}, {2: 8}, True, prompt="2", prefill=3.0)]
     a, b = bench_results(tmp_path, "a", first), bench_results(tmp_path, "b", second)
-    result = run_cli("bench-merge", a, b, "--out", str(tmp_path / "both"))
+    result = cli("bench-merge", a, b, "--out", str(tmp_path / "both"))
     assert result.returncode == 0, result.stderr
     merged = json.loads((tmp_path / "both" / "results.json").read_text())
     expected = summarise(first + second)
@@ -119,7 +118,7 @@ def test_bench_merge_pools_the_rows_of_runs_over_different_prompts(tmp_path):
     assert "`specdecode bench --out a`" in report and "`specdecode bench --out b`" in report
 
 
-def test_bench_merge_replace_swaps_whole_categories_measured_again(tmp_path):
+def test_bench_merge_replace_swaps_whole_categories_measured_again(cli, tmp_path):
     def pair(prompt, category, draft_seconds):
         rows = [row("ar", 20, 10.0, prompt=prompt), row("draft", 20, draft_seconds, {4: 4}, {4: 12}, True, prompt=prompt)]
         for r in rows:
@@ -128,9 +127,9 @@ def test_bench_merge_replace_swaps_whole_categories_measured_again(tmp_path):
 
     first = bench_results(tmp_path, "a", pair("1", "writing", 20.0) + pair("2", "math", 5.0))
     again = bench_results(tmp_path, "b", pair("1", "writing", 8.0))
-    refused = run_cli("bench-merge", first, again, "--out", str(tmp_path / "m"))
+    refused = cli("bench-merge", first, again, "--out", str(tmp_path / "m"))
     assert refused.returncode == 2 and "prompt 1 (ar) is in two runs" in refused.stderr
-    result = run_cli("bench-merge", first, again, "--replace", "--out", str(tmp_path / "m"))
+    result = cli("bench-merge", first, again, "--replace", "--out", str(tmp_path / "m"))
     assert result.returncode == 0, result.stderr
     merged = json.loads((tmp_path / "m" / "results.json").read_text())
     assert merged["by_category"]["writing"]["draft"]["speedup"] == pytest.approx(10 / 8)
@@ -140,28 +139,28 @@ def test_bench_merge_replace_swaps_whole_categories_measured_again(tmp_path):
         tmp_path / "m" / "report.md").read_text()
 
 
-def test_bench_merge_refuses_runs_that_differ_or_overlap(tmp_path):
+def test_bench_merge_refuses_runs_that_differ_or_overlap(cli, tmp_path):
     rows = [row("ar", 20, 10.0, prompt="1"), row("draft", 20, 5.0, {4: 4}, {4: 12}, True, prompt="1")]
     a = bench_results(tmp_path, "a", rows)
     other_budget = bench_results(tmp_path, "b", [row("ar", 20, 10.0, prompt="2")], max_new_tokens=1024)
     same_prompt = bench_results(tmp_path, "c", rows)
     for folder, message in [(other_budget, "different max_new_tokens"), (same_prompt, "prompt 1 (ar) is in two runs"),
                             (str(tmp_path / "missing"), "holds no results.json")]:
-        result = run_cli("bench-merge", a, folder, "--out", str(tmp_path / "m"))
+        result = cli("bench-merge", a, folder, "--out", str(tmp_path / "m"))
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert message in result.stderr
 
 
-def test_bench_refuses_an_unknown_method(bench_dir, tmp_path):
-    result = run_cli("bench", "--model", SMOLLM2, "--draft", "lookup", "--drafters", "ar,magic", "--bench-dir",
+def test_bench_refuses_an_unknown_method(cli, bench_dir, tmp_path):
+    result = cli("bench", "--model", SMOLLM2, "--draft", "lookup", "--drafters", "ar,magic", "--bench-dir",
                      str(bench_dir), "--limit", "1", "--max-new-tokens", "4", "--out", str(tmp_path / "o"))
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "unknown method 'magic'" in result.stderr
 
 
-def test_tune_sweeps_k_and_plots_alpha_against_k(bench_dir, tmp_path):
+def test_tune_sweeps_k_and_plots_alpha_against_k(cli, bench_dir, tmp_path):
     out = tmp_path / "tune"
-    result = run_cli("tune", "--model", SMOLLM2, "--draft", "none", "--suite", "humaneval", "--bench-dir", str(bench_dir),
+    result = cli("tune", "--model", SMOLLM2, "--draft", "none", "--suite", "humaneval", "--bench-dir", str(bench_dir),
                      "--limit", "1", "--max-new-tokens", "8", "--ctx", "512", "--out", str(out))
     assert result.returncode == 0, result.stderr
     sweep = json.loads((out / "tune.json").read_text())["sweep"]

@@ -7,7 +7,6 @@ stderr and a non-zero exit, never a traceback.
 """
 from __future__ import annotations
 
-import io
 import os
 import re
 import subprocess
@@ -15,7 +14,6 @@ import sys
 
 import pytest
 
-from specdecode.cli import main
 from specdecode.engine import Engine
 from testlib import SMOLLM2
 
@@ -26,25 +24,6 @@ def run_cli(*args: str, env: dict | None = None, stdin: str | None = None) -> su
         [sys.executable, "-m", "specdecode.cli", *args],
         capture_output=True, text=True, timeout=600, env=full_env, input=stdin,
     )
-
-
-@pytest.fixture
-def cli(capsys, monkeypatch):
-    """main(argv) as `python -m specdecode.cli` runs it, in this process: its exit status, stdout and stderr."""
-    def run(*args: str, env: dict | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
-        for key, value in (env or {}).items():
-            monkeypatch.setenv(key, value)
-        if stdin is not None:
-            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-        capsys.readouterr()
-        try:
-            code = main(list(args))
-        except SystemExit as exc:  # argparse's refusals
-            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["specdecode", *args], code, out, err)
-
-    return run
 
 
 def assert_clean_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
