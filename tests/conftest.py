@@ -5,11 +5,34 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from specdecode import kernels
 from testlib import SMOLLM2
+
+
+# --------------------------------------------------------------------------- order
+# The files that take longest, longest first. scripts/test.sh hands xdist's workers whole files in collection order
+# (--no-loadscope-reorder; xdist's own order starts the files with the most tests first, which left the Ray cluster
+# file, ten tests and two minutes, to run last and alone). The second real model's files come after the first few:
+# on a fresh machine it is still being pulled when the tests start.
+LONGEST_FIRST = (
+    "server/test_cluster.py", "lossless/test_greedy_identity.py", "lossless/test_controls_identity.py",
+    "lossless/test_sampling_distribution.py", "lossless/test_batch_draft.py", "models/test_hf_match.py",
+    "models/test_float_gguf.py", "server/test_tool_calls.py", "server/test_shutdown.py", "models/test_loader.py",
+    "test_bench.py", "server/test_structured.py", "models/test_phi3.py", "models/test_rope.py",
+    "lossless/test_batch_invariance.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    missing = [name for name in LONGEST_FIRST if not (tests / name).is_file()]
+    assert not missing, f"tests/conftest.py LONGEST_FIRST names files that do not exist: {missing}"
+    rank = {str(tests / name): i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the rest keep their order
 
 
 # --------------------------------------------------------------------------- kernel

@@ -9,13 +9,17 @@
 from __future__ import annotations
 
 import functools
+import struct
+from pathlib import Path
 from unittest import mock
 
 import gguf
+import numpy as np
 import pytest
 import torch
 
 from specdecode.engine import Engine
+from specdecode.models.gguf_header import GGUFHeader
 from specdecode.models.hf_adapter import HFAdapter
 from specdecode.models.hf_loader import config_from_hf, load_hf_native, read_hf_config
 from specdecode.models.loader import load_model
@@ -82,8 +86,57 @@ def test_tiny_hf_folder_native_matches_transformers(tmp_path, arch, tied):
 
 
 # --------------------------------------------------------------------------- real GGUF: smollm2 (llama)
-def gguf_reference(name: str):
-    """transformers' own model from the GGUF file (it dequantizes and un-permutes by itself)."""
+# The tokenizer's arrays: transformers parses them element by element whenever it opens a GGUF file, tens of seconds
+# for Qwen's 151k tokens and merges, though its model loader reads only their count.
+VOCABULARY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
+
+
+class _Layout(GGUFHeader):
+    """Where each metadata pair, the tensor table and the data of a GGUF file lie (byte ranges)."""
+
+    def __init__(self, path: Path):
+        self.data = np.memmap(path, mode="r")
+        self._buf, self._pos = memoryview(self.data), 8
+        n_tensors, n_fields = self._unpack("<QQ")
+        self.pairs, self.metadata = [], {}
+        for _ in range(n_fields):
+            begin, key = self._pos, self._string()
+            self.metadata[key] = self._value(gguf.GGUFValueType(self._unpack("<I")[0]))
+            self.pairs.append((key, begin, self._pos))
+        table_start = self._pos
+        for _ in range(n_tensors):
+            self._tensor_info()
+        self.n_tensors, self.table = n_tensors, (table_start, self._pos)
+        self.alignment = int(self.metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
+        self.data_start = -(-self._pos // self.alignment) * self.alignment
+
+
+def without_vocabulary(source: Path, target: Path) -> Path:
+    """The GGUF file without VOCABULARY_KEYS, its vocabulary size written where transformers reads it first
+    ({arch}.vocab_size, as it would count the tokens); every other pair, the tensor table and the weights byte for
+    byte the same (the weights' offsets count from the data's start, which only moves)."""
+    layout = _Layout(source)
+    raw = layout.data
+    kept = [(key, begin, end) for key, begin, end in layout.pairs if key not in VOCABULARY_KEYS]
+    arch = layout.metadata["general.architecture"]
+    extra = b""
+    if f"{arch}.vocab_size" not in layout.metadata:
+        key = f"{arch}.vocab_size".encode()
+        extra = struct.pack("<Q", len(key)) + key + struct.pack("<II", gguf.GGUFValueType.UINT32,
+                                                                len(layout.metadata["tokenizer.ggml.tokens"]))
+    with open(target, "wb") as out:
+        out.write(bytes(raw[:8]) + struct.pack("<QQ", layout.n_tensors, len(kept) + bool(extra)))
+        for _, begin, end in kept:
+            out.write(bytes(raw[begin:end]))
+        out.write(extra + bytes(raw[layout.table[0]:layout.table[1]]))
+        out.write(b"\0" * (-out.tell() % layout.alignment))
+        out.write(raw[layout.data_start:])
+    return target
+
+
+def gguf_reference(name: str, folder: Path):
+    """transformers' own model from the GGUF file (it dequantizes and un-permutes by itself), given the file without
+    its vocabulary (a copy in `folder`), which its model loader does not use."""
     try:
         import accelerate  # noqa: F401  (transformers refuses GGUF files without it)
     except ImportError:
@@ -92,16 +145,17 @@ def gguf_reference(name: str):
 
     from specdecode import registry
 
-    path = registry.resolve(name)
-    # transformers parses the file's header twice (its config, then its weights) with gguf's reader, seconds each
-    # for a large vocabulary: the second parse reuses the first reader (read-only, the same file).
-    with mock.patch.object(gguf, "GGUFReader", functools.cache(gguf.GGUFReader)):
-        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    path = without_vocabulary(registry.resolve(name), folder / "model.gguf")
+    # transformers parses the file's header twice (its config, then its weights) with gguf's reader, and builds
+    # gguf's tensor-name table once per module of the model: both are read-only, the second and later ones reused.
+    with mock.patch.object(gguf, "GGUFReader", functools.cache(gguf.GGUFReader)), \
+            mock.patch.object(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map)):
+        return AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=path.name, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
-def smollm2_hf():
-    return gguf_reference(SMOLLM2)
+def smollm2_hf(tmp_path_factory):
+    return gguf_reference(SMOLLM2, tmp_path_factory.mktemp("smollm2-gguf"))
 
 
 def test_smollm2_gguf_native_matches_transformers(smollm2, smollm2_hf):
@@ -203,9 +257,9 @@ def test_speculation_through_the_transformers_adapter_is_lossless(tiny_folder):
 
 # --------------------------------------------------------------------------- real GGUF: qwen 0.5b (qwen2)
 @pytest.mark.slow
-def test_qwen_05b_gguf_native_matches_transformers():
+def test_qwen_05b_gguf_native_matches_transformers(tmp_path):
     native = load_model(QWEN_05B, device="cpu", max_context=256)
     assert native.model.config.arch == "qwen2" and native.model.config.qkv_bias
     ids = native.tokenizer.encode(PROMPT)
-    hf = gguf_reference(QWEN_05B)
+    hf = gguf_reference(QWEN_05B, tmp_path)
     compare(native_logits(native.model, ids), hf_logits(hf, ids), "qwen2.5-coder-0.5b GGUF (qwen2)")

@@ -662,22 +662,14 @@ def _unsupported_files(folder):
     ]
 
 
-def test_generate_on_an_unsupported_file_prints_one_line_naming_what_is_supported(tmp_path):
-    import subprocess
-    import sys
-
+def test_generate_on_an_unsupported_file_prints_one_line_naming_what_is_supported(cli, tmp_path):
     from specdecode import kernels
 
-    from specdecode.registry import cache_dir
-
-    (tmp_path / "cache").mkdir()  # conversions go there; the compiled kernel is the real cache's (not rebuilt)
-    (tmp_path / "cache" / "kernels").symlink_to(cache_dir() / "kernels")
-    env = {**os.environ, "SPECDECODE_CACHE": str(tmp_path / "cache")}
+    env = {"SPECDECODE_CACHE": str(tmp_path / "cache")}  # conversions go there
     for path, expected in _unsupported_files(tmp_path):
         if "int8 kernel" in expected and kernels.load_kernel() is None:
             continue
-        result = subprocess.run([sys.executable, "-m", "specdecode.cli", "generate", "hi", "--model", str(path), "--draft",
-                                 "none", "--max-new-tokens", "2"], capture_output=True, text=True, timeout=600, env=env)
+        result = cli("generate", "hi", "--model", str(path), "--draft", "none", "--max-new-tokens", "2", env=env)
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.returncode == 2 and "Traceback" not in result.stderr and len(errors) == 1, result.stderr
         assert re.search(expected, errors[0]), (path.name, result.stderr)
