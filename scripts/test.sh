@@ -18,11 +18,12 @@ extras=$!
 .venv/bin/specdecode models pull smollm2-135m &
 small=$!
 # The second test model is the longest chain of the set-up (its download, then converting it takes half a minute of
-# one core): the tests start meanwhile, on the core it leaves idle. A test that needs it first waits for it (the
-# pull and the conversion each hold a lock per file, and the test's own load takes the same locks). Its progress goes
-# to a log, shown if it fails.
+# one core): it runs at the lowest priority, so the kernel build (the critical path: two minutes of CPU) and the
+# extras get the cores first, and the tests start without waiting for it. A test that needs it first waits for it
+# (the pull and the conversion each hold a lock per file, and the test's own load takes the same locks). Its
+# progress goes to a log, shown if it fails.
 draft_log=$(mktemp)
-.venv/bin/specdecode models pull qwen2.5-coder-0.5b >"$draft_log" 2>&1 &
+nice -n 19 .venv/bin/specdecode models pull qwen2.5-coder-0.5b >"$draft_log" 2>&1 &
 draft=$!
 # llama.cpp's own converter (its sources, no build) for the tests that convert tiny models of every architecture;
 # the tests that need llama-quantize run where scripts/build_llamacpp.sh has built it, and skip saying so elsewhere.
@@ -39,10 +40,11 @@ wait "$sources"
 # One worker per core, one thread each: the tests run small models, whose steps are mostly fixed costs a second
 # thread cannot share, so two one-thread workers ran the suite ~2.5x faster than one two-thread process. Workers
 # take whole files (loadfile): the tests that start a local Ray cluster are one file, so one cluster runs at a
-# time. (xdist's loadgroup does not group on pytest 9, which ignores the group suffix it writes into node ids.)
+# time. (xdist's loadgroup does not group on pytest 9, which ignores the group suffix it writes into node ids.) The
+# files go out in collection order, which tests/conftest.py starts with the longest (LONGEST_FIRST).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 status=0
-.venv/bin/python -m pytest tests -q -n auto --dist loadfile "$@" || status=$?
+.venv/bin/python -m pytest tests -q -n auto --dist loadfile --no-loadscope-reorder "$@" || status=$?
 # The tests that need the second model fail or skip where it is missing; a pull that failed fails the run either way.
 wait "$draft" || { cat "$draft_log" >&2; echo "test: pulling qwen2.5-coder-0.5b failed" >&2; exit 1; }
 rm -f "$draft_log"
