@@ -108,11 +108,14 @@ def test_responses_function_call_round_trip_streamed_and_not(qwen_client):
 def test_a_compulsory_call_is_the_same_with_every_drafter(qwen_client, sampling):
     """tool_choice required / named runs as a grammar through the same per-row controls as response_format: every
     drafter gives plain decoding's call and log-probabilities."""
+    rejected = 0  # drafts the target refused: without any, a verifier that keeps wrong drafts would pass unseen
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         def call(drafter):
+            nonlocal rejected
             completion = qwen_client.chat.completions.create(
                 model=QWEN, messages=QUESTION, tools=[WEATHER], tool_choice=choice, logprobs=True,
                 extra_body={"speculative": {"drafter": drafter}}, **sampling)
+            rejected += completion.usage.model_extra["drafted"] - completion.usage.model_extra["accepted"]
             choice_ = completion.choices[0]
             calls = [(c.function.name, c.function.arguments) for c in choice_.message.tool_calls or []]
             return calls, [(t.token, t.logprob) for t in choice_.logprobs.content], choice_.finish_reason
@@ -121,3 +124,4 @@ def test_a_compulsory_call_is_the_same_with_every_drafter(qwen_client, sampling)
         assert plain[0] == [("get_weather", "{\"city\": \"Paris\"}")] and plain[2] == "tool_calls"
         for drafter in ("lookup", "suffix", "auto"):
             assert call(drafter) == plain, (drafter, choice)
+    assert rejected > 0, "no draft was refused: the equality above never saw the verifier reject anything"
