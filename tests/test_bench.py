@@ -76,8 +76,8 @@ def test_summary_speedup_and_acceptance_by_draft_length():
 def test_bench_end_to_end_on_a_real_model(cli, bench_dir, tmp_path, smollm2):
     out = tmp_path / "out"
     result = cli("bench", "--model", SMOLLM2, "--draft", "lookup", "--drafters", "ar,lookup", "--suite", "specbench",
-                     "--bench-dir", str(bench_dir), "--limit", "1", "--max-new-tokens", "12", "--ctx", "512",
-                     "--out", str(out))
+                 "--bench-dir", str(bench_dir), "--limit", "1", "--max-new-tokens", "12", "--ctx", "512",
+                 "--out", str(out))
     assert result.returncode == 0, result.stderr
     results = json.loads((out / "results.json").read_text())
     assert set(results["summary"]) == {"ar", "lookup"}
@@ -161,7 +161,7 @@ def test_bench_refuses_an_unknown_method(cli, bench_dir, tmp_path):
 def test_tune_sweeps_k_and_plots_alpha_against_k(cli, bench_dir, tmp_path):
     out = tmp_path / "tune"
     result = cli("tune", "--model", SMOLLM2, "--draft", "none", "--suite", "humaneval", "--bench-dir", str(bench_dir),
-                     "--limit", "1", "--max-new-tokens", "8", "--ctx", "512", "--out", str(out))
+                 "--limit", "1", "--max-new-tokens", "8", "--ctx", "512", "--out", str(out))
     assert result.returncode == 0, result.stderr
     sweep = json.loads((out / "tune.json").read_text())["sweep"]
     assert set(sweep["lookup"]) == {"1", "2", "4", "8", "auto"}

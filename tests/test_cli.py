@@ -55,7 +55,7 @@ def test_generate_plain_prints_only_the_text_on_stdout(expected_hi):
 
 def test_generate_with_lookup_gives_the_same_text_and_stats_on_stderr(cli, expected_hi):
     result = cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--k", "3", "--max-new-tokens", "8",
-                     "--stats", "Hi")
+                 "--stats", "Hi")
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected_hi + "\n"  # greedy speculation is lossless
     assert "tokens in" in result.stderr and "time:" in result.stderr
@@ -65,7 +65,7 @@ def test_show_drafts_colours_the_same_text_by_origin_and_source(cli):
     prompt = "Repeat exactly: alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta"
     # A pinned K: whether the adaptive K drafts here depends on timings of a busy machine, and this test is about colours.
     result = cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--k", "4", "--max-new-tokens", "24",
-                     "--show-drafts", "--chat", prompt)
+                 "--show-drafts", "--chat", prompt)
     plain = cli("generate", "--model", SMOLLM2, "--draft", "none", "--max-new-tokens", "24", "--chat", prompt)
     assert result.returncode == 0 and plain.returncode == 0, result.stderr + plain.stderr
     assert re.sub(r"\033\[\d*m", "", result.stdout) == plain.stdout  # colour codes only, the same text
@@ -81,7 +81,7 @@ def test_generate_reads_the_prompt_from_stdin(cli, expected_hi):
 
 def test_small_context_with_automatic_k(cli):
     result = cli("generate", "--model", SMOLLM2, "--draft", "lookup", "--ctx", "16", "--no-chat",
-                     "--max-new-tokens", "4", "Hi")
+                 "--max-new-tokens", "4", "Hi")
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip()
 
@@ -184,7 +184,7 @@ def test_mismatched_draft_model(cli, tmp_path):
     LlamaForCausalLM(config).save_pretrained(str(folder))
     assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
     result = cli("generate", "--model", SMOLLM2, "--draft", str(folder), "--draft-dtype", "float32",
-                     "--max-new-tokens", "4", "Hi")
+                 "--max-new-tokens", "4", "Hi")
     assert_clean_error(result, "tokenizer")
 
 
