@@ -10,9 +10,8 @@ scripts/setup.sh  # the core library first: the kernel build and the model pulls
 # Five jobs at once: the CPU kernel compiles (CPU-bound, about a minute), the extras install, and each test model
 # and llama.cpp's sources download (network-bound, then the models' conversion). None of them touches what another
 # installs: the pulls and the kernel run on the core library the extras leave as it is, and each model is its own
-# file under its own lock. The kernel build is the set-up's critical path (about 110 s of CPU, its longest file
-# alone half a minute): the others run at a lower priority and take what it leaves (on a bare 2-core machine the
-# tests started at ~125 s instead of ~165 s).
+# file under its own lock. The kernel build is the set-up's critical path (most of its CPU, and one long file): the
+# others run at a lower priority and take what it leaves.
 .venv/bin/python -c "from specdecode import kernels; kernels.load_kernel()" &
 kernel=$!
 nice -n 5 scripts/setup.sh test &
