@@ -1,6 +1,9 @@
-// The Python module: every kernel of kernels.h under its Python name. The one file that includes
-// torch/python.h (pybind11 and the tensor conversions), so the kernels themselves compile against ATen alone.
-#include <torch/python.h>
+// The Python module: every kernel of kernels.h under its Python name. The one file that includes pybind11, so the
+// kernels themselves compile against ATen alone. It takes only what the bindings use: pybind11 with torch's tensor
+// conversion (torch/csrc/utils/pybind.h) and the standard containers (pybind11/stl.h). torch/python.h brings the
+// whole C++ frontend besides, and doubled this file's compile, the second longest of a first build.
+#include <torch/csrc/utils/pybind.h>
+#include <pybind11/stl.h>
 
 #include "kernels.h"
 

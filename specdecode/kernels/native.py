@@ -7,7 +7,10 @@ kernels are unavailable and every product falls back to torch (same outputs per 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
+import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -51,10 +54,24 @@ _HERE = Path(__file__).parent
 KERNEL_SOURCES = [_HERE / name for name in ("quant_dot.cpp", "bindings.cpp", "skinny_linear.cpp", "gguf_linear.cpp", "int8_layer.cpp", "block_attention.cpp")]
 KERNEL_HEADERS = [_HERE / name for name in ("avx2_math.h", "kernels.h", "quant_dot_impl.h")]
 KERNEL_CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+# GCC frees the memory of its parse trees by garbage collection, tuned for machines far smaller than today's: it
+# collects each time its heap grows by a small step. Collecting only past 1 GB (the longest file peaks at ~1.4 GB)
+# took ~15% off a first build's CPU, with object files byte for byte the same. GCC's own flag: clang would refuse it.
+GCC_HEAP_FLAGS = ["--param", "ggc-min-expand=400", "--param", "ggc-min-heapsize=1048576"]
+
+
+@functools.cache
+def _compiler_is_gcc() -> bool:
+    """Whether the compiler PyTorch builds the extension with ($CXX, else c++) is GCC."""
+    try:
+        version = subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Free Software Foundation" in version.stdout
 
 
 def kernel_cflags() -> list[str]:
-    return KERNEL_CFLAGS + isa_build_flags()
+    return KERNEL_CFLAGS + (GCC_HEAP_FLAGS if _compiler_is_gcc() else []) + isa_build_flags()
 
 
 def kernel_build_dir() -> Path:
