@@ -124,6 +124,21 @@ def small_server(models):
     server.stop()
 
 
+_POLL = None
+
+
+def poll_get(url: str, **kwargs):
+    """GET for the health polls, through one client per process. httpx.get builds a client, and with it an SSL context
+    that loads the CA bundle (~25 ms of CPU), on every call: polls several times a second, waiting for servers and
+    replicas to come up, spent ~30 s of the suite's CPU on it."""
+    global _POLL
+    import httpx
+
+    if _POLL is None:
+        _POLL = httpx.Client(timeout=5)
+    return _POLL.get(url, **kwargs)
+
+
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

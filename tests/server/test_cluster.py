@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import MODEL, wait_until
+from .conftest import MODEL, poll_get, wait_until
 
 ray = pytest.importorskip("ray", reason="the 'cluster' extra (ray[serve]) is not installed")
 # One local Ray cluster at a time: every test that starts one is in this file, and scripts/test.sh hands pytest-xdist
@@ -81,7 +81,7 @@ def served(tmp_path_factory):
         def ready() -> bool:
             assert proc.poll() is None, served.log()
             try:
-                return httpx.get(served.base + "/health", timeout=2).json().get("replicas_ready") == 2
+                return poll_get(served.base + "/health", timeout=2).json().get("replicas_ready") == 2
             except (httpx.TransportError, ValueError):
                 return False
 
@@ -297,7 +297,7 @@ def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it
     resent = re.search(r"^specdecode_resent_total (\S+)$", get(cluster + "/metrics").text, re.M)
     assert float(resent.group(1)) >= 1  # the victim's queued requests went to the survivor
     # Ray starts a new replica; once it is ready, both serve again.
-    assert wait_until(lambda: httpx.get(cluster + "/health").json()["replicas_ready"] == 2, timeout=180, interval=0.5)
+    assert wait_until(lambda: poll_get(cluster + "/health").json()["replicas_ready"] == 2, timeout=180, interval=0.5)
     assert victim not in replica_pids(cluster)
     later = [stream_one(cluster, {"model": MODEL, "prompt": f"Later {i}:", "max_tokens": 4, "temperature": 0})
              for i in range(4)]

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import API_KEY, MODEL, wait_until
+from .conftest import API_KEY, MODEL, poll_get, wait_until
 
 CLIENTS = 16
 
@@ -61,7 +61,7 @@ def test_concurrent_streaming_clients(live_server):
     print(f"\n{CLIENTS} streaming clients x 8 tokens: latency p50 {statistics.median(latencies):.2f}s"
           f" p99 {p99:.2f}s max {latencies[-1]:.2f}s; time to first token p50 {statistics.median(ttfts):.2f}s"
           f" max {ttfts[-1]:.2f}s")
-    assert wait_until(lambda: httpx.get(live_server.base_url + "/health").json()["queue_depth"] == 0, 10)
+    assert wait_until(lambda: poll_get(live_server.base_url + "/health").json()["queue_depth"] == 0, 10)
 
 
 def test_disconnect_mid_stream_frees_the_engine(live_server):
@@ -76,7 +76,7 @@ def test_disconnect_mid_stream_frees_the_engine(live_server):
             assert next(line for line in lines if line.startswith("data: "))
             assert httpx.get(base + "/health").json()["running"] == 1
         # leaving the block closes the connection mid-stream (500 tokens would take far longer)
-    assert wait_until(lambda: httpx.get(base + "/health").json()["running"] == 0, 15), "generation kept running"
+    assert wait_until(lambda: poll_get(base + "/health").json()["running"] == 0, 15), "generation kept running"
     assert metric(base, "specdecode_cancelled_total", '{reason="client_disconnected"}') == cancelled_before + 1
     started = time.perf_counter()
     after = httpx.post(live_server.api_url + "/completions", timeout=60,
@@ -88,7 +88,7 @@ def test_disconnect_mid_stream_frees_the_engine(live_server):
 def test_full_queue_answers_429_then_recovers(small_server):
     """Queue of one: one request runs, one waits, the third is refused with Retry-After."""
     base, headers = small_server.base_url, {"Authorization": f"Bearer {API_KEY}"}
-    health = lambda: httpx.get(base + "/health").json()  # noqa: E731
+    health = lambda: poll_get(base + "/health").json()  # noqa: E731
     long_body = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400, "temperature": 0,
                  "stream": True, "speculative": {"drafter": "none"}}
     queued_result = {}

@@ -10,10 +10,9 @@ import re
 import shutil
 from pathlib import Path
 
-import httpx
 import pytest
 
-from .conftest import wait_until
+from .conftest import poll_get, wait_until
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
@@ -76,7 +75,7 @@ def test_generate_colours_tokens_and_shows_stats(live_server, page):
 
 
 def test_stop_button_cancels_the_generation(live_server, page):
-    health = lambda: httpx.get(live_server.base_url + "/health").json()  # noqa: E731
+    health = lambda: poll_get(live_server.base_url + "/health").json()  # noqa: E731
     page.goto(live_server.base_url + "/")
     page.wait_for_function("document.body.dataset.ready === '1'")
     page.select_option("#mode", "completion")

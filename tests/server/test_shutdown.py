@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from .conftest import MODEL, wait_until
+from .conftest import MODEL, poll_get, wait_until
 
 
 def free_port() -> int:
@@ -36,7 +36,7 @@ def serve_process(tmp_path, *extra):
         def up() -> bool:
             assert proc.poll() is None, open(tmp_path / "serve.log").read()
             try:
-                return httpx.get(base + "/health", timeout=1).status_code == 200
+                return poll_get(base + "/health", timeout=1).status_code == 200
             except httpx.TransportError:
                 return False
 
@@ -80,7 +80,7 @@ def test_sigterm_finishes_the_running_and_the_queued_request_then_exits_zero(tmp
 
         def after_first_event():
             threading.Thread(target=send_queued, daemon=True).start()
-            assert wait_until(lambda: httpx.get(base + "/health").json()["queue_depth"] >= 1, timeout=10)
+            assert wait_until(lambda: poll_get(base + "/health").json()["queue_depth"] >= 1, timeout=10)
             proc.send_signal(signal.SIGTERM)
             time.sleep(0.3)
             refused["response"] = httpx.post(base + "/v1/completions", json=running, timeout=30)
