@@ -9,6 +9,7 @@ normal code path (eos ids, fingerprint, streaming decode) without any files.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -287,3 +288,74 @@ def tokens_for(model, length, seed=1):
 def token_by_token(model, tokens, cache=None):
     cache = cache or model.new_cache()
     return torch.cat([model(tokens[i : i + 1], cache) for i in range(len(tokens))]), cache
+
+
+# --------------------------------------------------------------------------- llama.cpp's converter
+def llamacpp_converter() -> Path | None:
+    """convert_hf_to_gguf.py of a llama.cpp source tree: $LLAMACPP_CONVERT, else the one scripts/build_llamacpp.sh
+    unpacks next to its binaries; None where neither exists."""
+    import glob
+    import os
+
+    from specdecode.registry import cache_dir
+
+    if os.environ.get("LLAMACPP_CONVERT"):
+        return Path(os.environ["LLAMACPP_CONVERT"])
+    found = sorted(glob.glob(str(cache_dir() / "llama.cpp" / "src-*" / "llama_cpp_python-*" / "vendor" / "llama.cpp"
+                                 / "convert_hf_to_gguf.py")))
+    return Path(found[-1]) if found else None
+
+
+# A Python that has imported the converter (torch, transformers and llama.cpp's own gguf package: ~3.5 s of CPU)
+# and forks a child for each conversion, which runs the script's main() as `python convert_hf_to_gguf.py ARGS`
+# would. The tests convert a dozen tiny models; each started a fresh Python before.
+_CONVERTER_ZYGOTE = r"""
+import json, os, sys, traceback
+script = sys.argv[1]
+sys.path[:0] = [os.path.dirname(script), os.path.join(os.path.dirname(script), "gguf-py")]
+import convert_hf_to_gguf
+for line in sys.stdin:
+    args, log = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        sys.argv = [script, *args]
+        try:
+            convert_hf_to_gguf.main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
+_zygotes: dict = {}
+
+
+def run_llamacpp_converter(folder: Path, out: Path, outtype: str = "f32") -> None:
+    """llama.cpp's convert_hf_to_gguf.py on a Hugging Face folder, writing `out`; skips the test where the converter
+    is absent, fails it (with the converter's output) where the conversion fails."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    converter = llamacpp_converter()
+    if converter is None or not converter.is_file():
+        pytest.skip("llama.cpp's convert_hf_to_gguf.py not found (set LLAMACPP_CONVERT, or run scripts/build_llamacpp.sh)")
+    zygote = _zygotes.get(converter)
+    if zygote is None or zygote.poll() is not None:
+        zygote = _zygotes[converter] = subprocess.Popen([sys.executable, "-c", _CONVERTER_ZYGOTE, str(converter)],
+                                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    log = Path(out).with_suffix(".convert.log")
+    zygote.stdin.write(json.dumps([[str(folder), "--outtype", outtype, "--outfile", str(out)], str(log)]) + "\n")
+    zygote.stdin.flush()
+    code = zygote.stdout.readline().strip()
+    output = log.read_text(errors="replace") if log.is_file() else ""
+    assert code == "0", f"llama.cpp's converter: exit {code or 'of its zygote'}\n{output[-2000:]}"

@@ -14,7 +14,7 @@ ROUNDING = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
 @pytest.fixture(scope="module", params=list(ROUNDING))
 def converted(request, tmp_path_factory, smollm2):
-    """One conversion per type for the module: each runs llama.cpp's converter in a fresh Python (~15 s)."""
+    """One conversion per type for the module (llama.cpp's converter: a few seconds each)."""
     folder = tmp_path_factory.mktemp(request.param)
     hf, path = converted_phi3(folder, smollm2.tokenizer.hf, outtype=request.param)
     return request.param, hf, path, folder / "cache"

@@ -255,20 +255,13 @@ def test_int8_gelu_and_norms_in_the_layer_kernel_match_pytorch():
 
 # --------------------------------------------------------------------------- llama.cpp's converter
 def convert_with_llamacpp(folder, out, tokenizer_source) -> None:
-    import os
-    import subprocess
-    import sys
-
-    from test_rope import llamacpp_converter
+    from testlib import llamacpp_converter, run_llamacpp_converter
 
     converter = llamacpp_converter()
-    if converter is None or not converter.is_file():
+    if converter is None or not converter.is_file():  # before the tokenizer files are written
         pytest.skip("llama.cpp's convert_hf_to_gguf.py not found (set LLAMACPP_CONVERT, or run scripts/build_llamacpp.sh)")
     tokenizer_source(folder)
-    env = {**os.environ, "PYTHONPATH": str(converter.parent / "gguf-py")}  # the converter's own gguf package
-    run = subprocess.run([sys.executable, str(converter), str(folder), "--outtype", "f32", "--outfile", str(out)],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
+    run_llamacpp_converter(folder, out)
 
 
 def test_gguf_from_llamacpp_converter_matches_transformers(tmp_path, smollm2):

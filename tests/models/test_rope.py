@@ -16,6 +16,7 @@ from specdecode.models.config import RopeScaling
 from specdecode.models.gguf_loader import load_gguf_model
 from specdecode.models.hf_loader import config_from_hf, load_hf_native
 from specdecode.models.rope import rope_frequencies
+from testlib import run_llamacpp_converter
 
 MAX_ABS_DIFF = 2e-3  # as test_hf_match: float32 on both sides (measured ~1e-5 here, logits of magnitude ~7)
 ORIGINAL_CONTEXT = 32
@@ -213,33 +214,10 @@ def test_unsupported_hf_architecture_names_the_supported_ones(tmp_path):
 
 
 # --------------------------------------------------------------------------- llama.cpp's own converter
-def llamacpp_converter():
-    """convert_hf_to_gguf.py of a llama.cpp source tree: $LLAMACPP_CONVERT, else the one scripts/build_llamacpp.sh
-    unpacks next to its binaries; None where neither exists (the test above covers the same files, written here)."""
-    import glob
-    import os
-    from pathlib import Path
-
-    from specdecode.registry import cache_dir
-
-    if os.environ.get("LLAMACPP_CONVERT"):
-        return Path(os.environ["LLAMACPP_CONVERT"])
-    found = sorted(glob.glob(str(cache_dir() / "llama.cpp" / "src-*" / "llama_cpp_python-*" / "vendor" / "llama.cpp"
-                                 / "convert_hf_to_gguf.py")))
-    return Path(found[-1]) if found else None
-
-
 @pytest.mark.parametrize("arch, name", [("llama", "llama3"), ("llama", "linear"), ("qwen3", "yarn"), ("qwen3", None)])
 def test_gguf_from_llamacpp_converter_matches_transformers(tmp_path, smollm2, arch, name):
     """The tiny model (smollm2's tokenizer, which the converter knows) converted by llama.cpp's own script to a
     float32 GGUF, loaded natively: transformers' logits."""
-    import os
-    import subprocess
-    import sys
-
-    converter = llamacpp_converter()
-    if converter is None or not converter.is_file():
-        pytest.skip("llama.cpp's convert_hf_to_gguf.py not found (set LLAMACPP_CONVERT, or run scripts/build_llamacpp.sh)")
     small = tiny_hf(arch, SCALINGS[name] if name else None)
     config = small.config
     config.vocab_size = len(smollm2.tokenizer.hf)
@@ -248,10 +226,7 @@ def test_gguf_from_llamacpp_converter_matches_transformers(tmp_path, smollm2, ar
     hf.save_pretrained(str(tmp_path))
     smollm2.tokenizer.hf.save_pretrained(str(tmp_path))
     out = tmp_path / "tiny.gguf"
-    env = {**os.environ, "PYTHONPATH": str(converter.parent / "gguf-py")}  # the converter's own gguf package
-    run = subprocess.run([sys.executable, str(converter), str(tmp_path), "--outtype", "f32", "--outfile", str(out)],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
+    run_llamacpp_converter(tmp_path, out)
     native = load_gguf_model(out, "cpu", torch.float32, 128)
     assert native.config.arch == arch and native.config.qk_norm == (arch == "qwen3")
     check_matches(native, hf, [(7 * i * i + 3 * i + 1) % config.vocab_size for i in range(96)], f"llama.cpp-converted {arch} {name}")
