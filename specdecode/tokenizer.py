@@ -179,6 +179,11 @@ class Tokenizer:
         model = json.loads(backend.to_str()).get("model", {})
         return hashlib.sha256(json.dumps([model.get("type"), model.get("merges")]).encode()).hexdigest()
 
+    def _serialized(self) -> str | None:
+        """The whole tokenizer (vocabulary, merges, normalizer, pre-tokenizer, added tokens) as its backend writes it."""
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        return None if backend is None else backend.to_str()
+
     def _special_ids(self) -> dict[int, str]:
         decoder = getattr(self.hf, "added_tokens_decoder", {}) or {}
         return {tid: added.content for tid, added in decoder.items() if added.special and added.content != f"[PAD{tid}]"}
@@ -186,6 +191,9 @@ class Tokenizer:
     def difference(self, other: "Tokenizer") -> str | None:
         """None where `other` turns every text into the same ids as this tokenizer and back (padding aside); else
         what differs, in a few words: the vocabulary, the merges, or which ids are special (control) tokens."""
+        if self._serialized() is not None and self._serialized() == other._serialized() \
+                and self._special_ids() == other._special_ids():
+            return None  # the same tokenizer file, byte for byte: reading vocabularies and merges took 0.4-1.5 s
         mine, theirs = self._real_vocab, other._real_vocab
         if mine != theirs:
             changed = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda item: item[1])
