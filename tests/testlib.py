@@ -338,9 +338,12 @@ for line in sys.stdin:
 _zygotes: dict = {}
 
 
-def run_llamacpp_converter(folder: Path, out: Path, outtype: str = "f32") -> None:
+def run_llamacpp_converter(folder: Path, out: Path, outtype: str = "f32", timeout: float = 300) -> None:
     """llama.cpp's convert_hf_to_gguf.py on a Hugging Face folder, writing `out`; skips the test where the converter
-    is absent, fails it (with the converter's output) where the conversion fails."""
+    is absent, fails it (with the converter's output) where the conversion fails or runs past `timeout` seconds."""
+    import os
+    import select
+    import signal
     import subprocess
     import sys
 
@@ -350,12 +353,17 @@ def run_llamacpp_converter(folder: Path, out: Path, outtype: str = "f32") -> Non
     if converter is None or not converter.is_file():
         pytest.skip("llama.cpp's convert_hf_to_gguf.py not found (set LLAMACPP_CONVERT, or run scripts/build_llamacpp.sh)")
     zygote = _zygotes.get(converter)
-    if zygote is None or zygote.poll() is not None:
+    if zygote is None or zygote.poll() is not None:  # its own session: a hung conversion is killed with it
         zygote = _zygotes[converter] = subprocess.Popen([sys.executable, "-c", _CONVERTER_ZYGOTE, str(converter)],
-                                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                                        start_new_session=True)
     log = Path(out).with_suffix(".convert.log")
     zygote.stdin.write(json.dumps([[str(folder), "--outtype", outtype, "--outfile", str(out)], str(log)]) + "\n")
     zygote.stdin.flush()
-    code = zygote.stdout.readline().strip()
+    code = zygote.stdout.readline().strip() if select.select([zygote.stdout], [], [], timeout)[0] else None
     output = log.read_text(errors="replace") if log.is_file() else ""
+    if code is None:
+        os.killpg(zygote.pid, signal.SIGKILL)
+        zygote.wait()
+        pytest.fail(f"llama.cpp's converter ran past {timeout} s\n{output[-2000:]}")
     assert code == "0", f"llama.cpp's converter: exit {code or 'of its zygote'}\n{output[-2000:]}"
