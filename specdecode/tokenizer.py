@@ -191,8 +191,8 @@ class Tokenizer:
     def difference(self, other: "Tokenizer") -> str | None:
         """None where `other` turns every text into the same ids as this tokenizer and back (padding aside); else
         what differs, in a few words: the vocabulary, the merges, or which ids are special (control) tokens."""
-        if self._serialized() is not None and self._serialized() == other._serialized() \
-                and self._special_ids() == other._special_ids():
+        serialized = self._serialized()
+        if serialized is not None and serialized == other._serialized() and self._special_ids() == other._special_ids():
             return None  # the same tokenizer file, byte for byte: reading vocabularies and merges took 0.4-1.5 s
         mine, theirs = self._real_vocab, other._real_vocab
         if mine != theirs:

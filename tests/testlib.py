@@ -306,6 +306,16 @@ def llamacpp_converter() -> Path | None:
     return Path(found[-1]) if found else None
 
 
+def require_llamacpp_converter() -> Path:
+    """llamacpp_converter(), or the test skips saying how to get it."""
+    import pytest
+
+    converter = llamacpp_converter()
+    if converter is None or not converter.is_file():
+        pytest.skip("llama.cpp's convert_hf_to_gguf.py not found (set LLAMACPP_CONVERT, or run scripts/build_llamacpp.sh)")
+    return converter
+
+
 # A Python that has imported the converter (torch, transformers and llama.cpp's own gguf package: ~3.5 s of CPU)
 # and forks a child for each conversion, which runs the script's main() as `python convert_hf_to_gguf.py ARGS`
 # would. The tests convert a dozen tiny models; each started a fresh Python before.
@@ -349,9 +359,7 @@ def run_llamacpp_converter(folder: Path, out: Path, outtype: str = "f32", timeou
 
     import pytest
 
-    converter = llamacpp_converter()
-    if converter is None or not converter.is_file():
-        pytest.skip("llama.cpp's convert_hf_to_gguf.py not found (set LLAMACPP_CONVERT, or run scripts/build_llamacpp.sh)")
+    converter = require_llamacpp_converter()
     zygote = _zygotes.get(converter)
     if zygote is None or zygote.poll() is not None:  # its own session: a hung conversion is killed with it
         zygote = _zygotes[converter] = subprocess.Popen([sys.executable, "-c", _CONVERTER_ZYGOTE, str(converter)],

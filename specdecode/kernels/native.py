@@ -9,8 +9,6 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
-import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -62,12 +60,10 @@ GCC_HEAP_FLAGS = ["--param", "ggc-min-expand=400", "--param", "ggc-min-heapsize=
 
 @functools.cache
 def _compiler_is_gcc() -> bool:
-    """Whether the compiler PyTorch builds the extension with ($CXX, else c++) is GCC."""
-    try:
-        version = subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "Free Software Foundation" in version.stdout
+    """Whether the compiler PyTorch builds the extension with ($CXX, else c++) is GCC, as PyTorch itself tells."""
+    from torch.utils.cpp_extension import check_compiler_is_gcc, get_cxx_compiler
+
+    return check_compiler_is_gcc(get_cxx_compiler())
 
 
 def kernel_cflags() -> list[str]:

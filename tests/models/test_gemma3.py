@@ -255,11 +255,9 @@ def test_int8_gelu_and_norms_in_the_layer_kernel_match_pytorch():
 
 # --------------------------------------------------------------------------- llama.cpp's converter
 def convert_with_llamacpp(folder, out, tokenizer_source) -> None:
-    from testlib import llamacpp_converter, run_llamacpp_converter
+    from testlib import require_llamacpp_converter, run_llamacpp_converter
 
-    converter = llamacpp_converter()
-    if converter is None or not converter.is_file():  # before the tokenizer files are written
-        pytest.skip("llama.cpp's convert_hf_to_gguf.py not found (set LLAMACPP_CONVERT, or run scripts/build_llamacpp.sh)")
+    require_llamacpp_converter()  # before the tokenizer files are written
     tokenizer_source(folder)
     run_llamacpp_converter(folder, out)
 

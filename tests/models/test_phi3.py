@@ -13,7 +13,7 @@ from specdecode.models.config import RopeScaling
 from specdecode.models.gguf_loader import load_gguf_model
 from specdecode.models.hf_loader import config_from_hf, load_hf_native
 from test_rope import IDS, MAX_ABS_DIFF, check_matches, hf_logits, max_diff, native_logits, randomize
-from testlib import llamacpp_converter, run_llamacpp_converter
+from testlib import require_llamacpp_converter, run_llamacpp_converter
 
 PHI3 = dict(vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=4, max_position_embeddings=128, rms_norm_eps=1e-5, pad_token_id=0,
@@ -132,9 +132,7 @@ def test_int8_follows_float32(tmp_path):
 def converted_phi3(tmp_path, tokenizer, outtype: str = "f32", **overrides):
     """A tiny random Phi-3 with a real tokenizer (the converter needs one it knows) converted by llama.cpp's script:
     (transformers model, GGUF path); skips where the converter is absent."""
-    converter = llamacpp_converter()
-    if converter is None or not converter.is_file():  # before the tiny model is built
-        pytest.skip("llama.cpp's convert_hf_to_gguf.py not found (set LLAMACPP_CONVERT, or run scripts/build_llamacpp.sh)")
+    require_llamacpp_converter()  # before the tiny model is built
     hf = tiny_phi3(vocab_size=len(tokenizer), **overrides)
     folder = tmp_path / "phi3-hf"
     hf.save_pretrained(str(folder))
