@@ -84,12 +84,22 @@ def _no_space(exc: OSError, folder: Path, what: str) -> ModelError | None:
                       " SPECDECODE_CACHE at a larger disk")
 
 
-def _load_hf_tokenizer(source: Path, gguf_file: str | None = None):
+# GGUF architectures whose tokenizer is the one class of their model type, named to AutoTokenizer up front. Without
+# it, AutoTokenizer finds the class by parsing the file's whole metadata with the gguf package's reader (one numpy
+# view per vocabulary entry: about half of a Qwen file's conversion), only to read the model type. The class reads
+# the vocabulary with transformers' own fast reader either way (tests: the saved files are the same).
+GGUF_TOKENIZER_TYPES = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+
+
+def _load_hf_tokenizer(source: Path, gguf_file: str | None = None, arch: str | None = None):
+    """The Hugging Face tokenizer of a folder, or of a GGUF file in it (`arch`: the file's architecture)."""
     from transformers import AutoTokenizer
 
     try:
         if gguf_file:
-            return AutoTokenizer.from_pretrained(str(source), gguf_file=gguf_file)
+            # a tokenizer_config.json beside the file could name another class: AutoTokenizer reads it then
+            known = GGUF_TOKENIZER_TYPES.get(arch) if not (source / "tokenizer_config.json").exists() else None
+            return AutoTokenizer.from_pretrained(str(source), gguf_file=gguf_file, tokenizer_type=known)
         return AutoTokenizer.from_pretrained(str(source))
     except Exception as exc:
         raise ModelError(f"cannot load the tokenizer from {source / (gguf_file or '')} ({type(exc).__name__}: {exc})") from None
@@ -127,12 +137,13 @@ def _convert_locked(gguf_path: Path, target: Path, quiet: bool) -> None:
     _verify_registry_file(gguf_path)
     reader = open_gguf(gguf_path)
     model = load_gguf_model(gguf_path, "cpu", torch.float32, None, reader)
-    hf_tok = _load_hf_tokenizer(gguf_path.parent, gguf_path.name)
+    hf_tok = _load_hf_tokenizer(gguf_path.parent, gguf_path.name, model.config.arch)
     tmp_path = Path(tempfile.mkdtemp(dir=target.parent, prefix=cachefiles.temp_prefix(".convert")))
     try:
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp_path / "weights.safetensors"))
         hf_tok.save_pretrained(str(tmp_path / "tokenizer"))
+        _record_added_tokens(tmp_path / "tokenizer")
         _save_blocks(gguf_path, model.config, tmp_path / BLOCKS_FILE, reader)
         (tmp_path / "config.json").write_text(json.dumps(asdict(model.config), indent=1))
         if target.exists():  # an incomplete folder (no config.json): only a lock holder writes here
@@ -142,6 +153,21 @@ def _convert_locked(gguf_path: Path, target: Path, quiet: bool) -> None:
         raise _no_space(exc, target.parent, f"converting {gguf_path.name}") or exc from None
     finally:
         cachefiles.remove_quietly(tmp_path)  # gone already once renamed; a killed process's is swept later
+
+
+def _record_added_tokens(folder: Path) -> None:
+    """Copy the added tokens of a saved tokenizer into its tokenizer_config.json, as `added_tokens_decoder`.
+
+    transformers 5 saves them in tokenizer.json only; a folder whose config lacks them is loaded by parsing the whole
+    tokenizer.json in Python once more just to find them (about half of a Qwen tokenizer's load, paid by every later
+    load of the model). Loading reads the same records either way, one AddedToken per entry: the same tokenizer."""
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if "added_tokens_decoder" in config:
+        return
+    added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens") or []
+    config["added_tokens_decoder"] = {str(token.pop("id")): token for token in added}
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _verify_registry_file(gguf_path: Path) -> None:

@@ -15,9 +15,9 @@ import torch
 from specdecode.errors import ModelError
 from specdecode.models.config import SUPPORTED_ARCHS
 from specdecode.models.gguf_loader import load_gguf_model
-from specdecode.models.loader import load_model
+from specdecode.models.loader import GGUF_TOKENIZER_TYPES, load_model
 from specdecode.models.transformer import Transformer
-from testlib import SMOLLM2, make_tiny_model
+from testlib import QWEN_05B, SMOLLM2, make_tiny_model
 
 
 @pytest.fixture
@@ -257,6 +257,59 @@ def test_a_tiny_gguf_with_a_tokenizer_converts_and_loads(tmp_path, private_cache
     path, model = tiny_gguf(tmp_path)
     loaded = assert_valid_conversion(path, model)
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("hi there")) == "hi there"
+    from specdecode.models.loader import _converted_dir
+
+    config = json.loads((_converted_dir(path) / "tokenizer" / "tokenizer_config.json").read_text())
+    assert "added_tokens_decoder" in config  # recorded by the conversion (a faster load of the same tokenizer)
+
+
+def tokenizer_facts(hf) -> dict:
+    """What decides how a tokenizer reads and writes text, as comparable values."""
+    text = "<|im_start|>user\ndef f(x):\n    return x  # héllo 世界<|im_end|>\n<|endoftext|>"
+    added = {index: (t.content, t.single_word, t.lstrip, t.rstrip, t.normalized, t.special)
+             for index, t in hf.added_tokens_decoder.items()}
+    return {"class": type(hf).__name__, "backend": hf.backend_tokenizer.to_str(), "added": added,
+            "special": (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id, hf.unk_token_id, hf.all_special_ids),
+            "template": hf.chat_template, "ids": hf.encode(text, add_special_tokens=True), "length": len(hf)}
+
+
+@pytest.mark.parametrize("name", [SMOLLM2, QWEN_05B])
+def test_added_tokens_recorded_in_the_config_load_the_same_tokenizer(name, tmp_path):
+    """A conversion copies the tokenizer's added tokens into tokenizer_config.json, where transformers 5 finds them
+    without parsing tokenizer.json once more; the tokenizer loaded is the one loaded without that record."""
+    from specdecode import registry
+    from specdecode.models.loader import _load_hf_tokenizer, _record_added_tokens, convert_gguf
+
+    saved = convert_gguf(registry.pull(name), quiet=True) / "tokenizer"
+    bare, recorded = tmp_path / "bare", tmp_path / "recorded"
+    for folder in (bare, recorded):
+        shutil.copytree(saved, folder)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("added_tokens_decoder", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    (recorded / "tokenizer_config.json").write_text(json.dumps(config))
+    _record_added_tokens(recorded)
+    assert json.loads((recorded / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    assert tokenizer_facts(_load_hf_tokenizer(recorded)) == tokenizer_facts(_load_hf_tokenizer(bare))
+
+
+@pytest.mark.parametrize("arch", sorted(GGUF_TOKENIZER_TYPES))
+def test_a_gguf_tokenizer_named_by_its_model_type_is_the_one_autotokenizer_finds(arch, tmp_path):
+    """A conversion names the tokenizer type of a known architecture to AutoTokenizer (GGUF_TOKENIZER_TYPES) instead
+    of letting it parse the file's whole metadata to find it: the saved tokenizer is the same, file for file."""
+    from transformers import AutoTokenizer
+
+    from specdecode.models.loader import _load_hf_tokenizer
+
+    path = write_gguf(tmp_path / f"{arch}.gguf", make_tiny_model(seed=71, arch=arch), tokenizer=True)
+    named = _load_hf_tokenizer(path.parent, path.name, arch)
+    found = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    named.save_pretrained(str(tmp_path / "named"))
+    found.save_pretrained(str(tmp_path / "found"))
+    files = sorted(p.name for p in (tmp_path / "found").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "named").iterdir()) and "tokenizer.json" in files
+    for name in files:
+        assert (tmp_path / "named" / name).read_bytes() == (tmp_path / "found" / name).read_bytes(), name
 
 
 def _convert_in_child(path: str, barrier, results) -> None:
