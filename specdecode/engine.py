@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import kernels
+from . import kernels, pass_timings
 from .controls import LogitControls, RowControls
 from .drafters.base import Drafter
 from .drafters.registry import build_drafter
@@ -329,69 +329,63 @@ class Engine:
 
     # ----------------------------------------------------------------- cost measurement
     def measure_costs(self, max_k: int | None, drafter: Drafter | None = None, repeats: int = 3) -> None:
-        """Time target passes of 1..max_k+1 tokens (and a draft pass) on scratch positions.
-
-        The fastest of a few repeats is kept: a one-off stall (page faults, another process) must not
-        convince the policy that drafting is expensive, since it would then stop drafting and never
-        measure again.
-        """
+        """Time target passes of 1..max_k+1 tokens (and a draft pass) on scratch positions, where this process has
+        not timed them on these models yet (pass_timings)."""
         device = self.target.model.device
         max_k = self.resolve_max_k(max_k, drafter)
         scratch = self.target.model.new_cache(max_k + 40)
         max_k = max(1, min(max_k, scratch.max_len - 2))  # a model with a tiny context still gets measured
         warm_len = max(1, min(8, scratch.max_len - (max_k + 1)))
-        sizes = sorted({1, 2, 3, max(1, max_k // 2) + 1, max_k + 1})
-        warm = torch.zeros(warm_len, dtype=torch.long, device=device)
-        self.target.model(warm, scratch, logits="none")
-
-        self._time_target_blocks(sizes, scratch, warm_len, repeats)
+        self._time_target_blocks(sorted({1, 2, 3, max(1, max_k // 2) + 1, max_k + 1}), scratch, warm_len, repeats)
         model = drafter.model_drafter if drafter is not None else None
         if model is not None:
-            d_cache = model.model.new_cache(warm_len + 1)
-            model.model(warm, d_cache, logits="none")
-
-            def draft_pass():
-                d_cache.truncate(warm_len)
-                model.model(warm[:1], d_cache, logits="last").argmax().item()
-
-            draft_pass()
-            self.tuner.costs.draft[model.name] = fastest(draft_pass, repeats)
+            warm = torch.zeros(warm_len, dtype=torch.long, device=device)
+            measure = lambda: time_draft_pass(model.model, warm, repeats)  # noqa: E731
+            self.tuner.costs.draft[model.name] = pass_timings.remembered(model.model, ("draft", warm_len), measure)
 
     def measure_batch_costs(self, max_rows: int, repeats: int = 3) -> None:
         """Time target passes of up to max_rows rows (a batch of several requests' blocks), where the cost model
         lacks them: the batch planner weighs each draft token against what its row adds to the pass."""
         sizes = [size for size in (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256) if size <= max_rows] + [max_rows]
         sizes = [size for size in dict.fromkeys(sizes) if size not in self.tuner.costs.target]
-        if not sizes:
-            return
-        scratch = self.target.model.new_cache(max(sizes) + 8)
-        device = self.target.model.device
-        warm = torch.zeros(8, dtype=torch.long, device=device)
-        self.target.model(warm, scratch, logits="none")
-        self._time_target_blocks(sizes, scratch, 8, repeats)
+        if sizes:
+            self._time_target_blocks(sizes, self.target.model.new_cache(max(sizes) + 8), 8, repeats)
 
     def _time_target_blocks(self, sizes, scratch, warm_len: int, repeats: int) -> None:
         """The fastest of `repeats` target passes of each size, after the scratch cache's warm_len positions."""
-        for size in sizes:
-            if warm_len + size > scratch.max_len:
-                continue
-            tokens = torch.zeros(size, dtype=torch.long, device=self.target.model.device)
+        model = self.target.model
+        warm = torch.zeros(warm_len, dtype=torch.long, device=model.device)
+        filled = []  # the scratch positions every block follows, written once before the first timing
+
+        def measure(size: int) -> float:
+            if not filled:
+                model(warm, scratch, logits="none")
+                filled.append(warm_len)
+            tokens = torch.zeros(size, dtype=torch.long, device=model.device)
 
             def target_pass():
                 scratch.truncate(warm_len)
-                self.target.model(tokens, scratch, logits="all").argmax(-1).tolist()
+                model(tokens, scratch, logits="all").argmax(-1).tolist()
 
-            self.tuner.costs.set_measured(size, fastest(target_pass, repeats))
+            return pass_timings.fastest(target_pass, repeats)
+
+        for size in sizes:
+            if warm_len + size <= scratch.max_len:
+                seconds = pass_timings.remembered(model, ("target", warm_len, size), lambda: measure(size))
+                self.tuner.costs.set_measured(size, seconds)
 
 
-def fastest(run, repeats: int) -> float:
-    """The shortest of `repeats` timed calls of run()."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def time_draft_pass(draft_model, warm: torch.Tensor, repeats: int) -> float:
+    """The fastest of `repeats` one-token draft passes after len(warm) positions."""
+    cache = draft_model.new_cache(len(warm) + 1)
+    draft_model(warm, cache, logits="none")
+
+    def draft_pass():
+        cache.truncate(len(warm))
+        draft_model(warm[:1], cache, logits="last").argmax().item()
+
+    draft_pass()
+    return pass_timings.fastest(draft_pass, repeats)
 
 
 def collect_result(events: list[StreamEvent], prompt_ids: list[int]) -> GenerationResult:

@@ -336,3 +336,34 @@ def test_a_reused_prefix_holds_the_bits_a_fresh_prompt_computes(precision):
     length = len(follow_up) - 1
     assert torch.equal(warm.cache.keys[:, :, :length], fresh_engine.cache.keys[:, :, :length])
     assert torch.equal(warm.cache.values[:, :, :length], fresh_engine.cache.values[:, :, :length])
+
+
+# --------------------------------------------------------------------------- cost measurement
+def test_engines_over_the_same_models_time_each_pass_once_per_thread_count(pair, monkeypatch):
+    """The timings of a model are the process's: a second engine over the same models starts from them; another
+    thread count, or another model, is timed anew."""
+    from specdecode import pass_timings
+
+    target, draft = (make_tiny_model(seed=33), make_tiny_model(seed=34))  # models no other test timed
+    timings = []
+    real_fastest = pass_timings.fastest
+    monkeypatch.setattr(pass_timings, "fastest", lambda run, repeats: timings.append(1) or real_fastest(run, repeats))
+
+    def measured(max_k: int) -> tuple[dict, dict]:
+        engine = Engine(as_loaded(target, name="target"), as_loaded(draft, name="draft"), max_context=64)
+        engine.measure_costs(max_k, engine.drafter("draft"))
+        engine.measure_batch_costs(16)
+        return engine.tuner.costs.target, engine.tuner.costs.draft
+
+    first = measured(4)
+    assert len(timings) == len(first[0]) + 1 and set(first[0]) == {1, 2, 3, 5, 4, 8, 16}
+    assert measured(4) == first and len(timings) == len(first[0]) + 1  # nothing timed again
+    measured(6)
+    assert len(timings) == len(first[0]) + 2  # only the new size, 7 (4 = 6 // 2 + 1 was timed)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        measured(4)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(timings) == 2 * (len(first[0]) + 1) + 1
