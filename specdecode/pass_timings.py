@@ -1,9 +1,9 @@
 """Timing passes apart from decoding: what a target pass of each block size, and a draft pass, cost on this machine.
 
 The adaptive K and the batch planner start from these timings. A model's timings are kept for the life of the
-process, per model object and thread count: every engine over the same loaded model (a benchmark's methods, the
-engines a Python program or a test suite builds one after another) starts from them instead of timing the same
-passes again. Each engine's tuner keeps its own estimates from there, refined by the steps it runs.
+process, per model object and thread count: every engine over the same loaded model (those a Python program or a
+test suite builds one after another) starts from them instead of timing the same passes again. Each engine's
+tuner keeps its own estimates from there, refined by the steps it runs.
 """
 from __future__ import annotations
 
