@@ -84,23 +84,26 @@ def _no_space(exc: OSError, folder: Path, what: str) -> ModelError | None:
                       " SPECDECODE_CACHE at a larger disk")
 
 
-# GGUF architectures whose tokenizer is the one class of their model type, named to AutoTokenizer up front. Without
-# it, AutoTokenizer finds the class by parsing the file's whole metadata with the gguf package's reader (one numpy
-# view per vocabulary entry: about half of a Qwen file's conversion), only to read the model type. The class reads
-# the vocabulary with transformers' own fast reader either way (tests: the saved files are the same).
-GGUF_TOKENIZER_TYPES = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+# The tokenizer class AutoTokenizer picks for a GGUF of each architecture: its model type's, or TokenizersBackend where
+# transformers registers none (llama). Named up front, the class is loaded directly: AutoTokenizer would first parse
+# the file's whole metadata with the gguf package's reader (one numpy view per vocabulary entry: about half of a
+# Qwen file's conversion) only to read the model type. The class reads the vocabulary with transformers' own fast
+# reader either way (tests: the saved files are the same as AutoTokenizer's, for every architecture here).
+GGUF_TOKENIZER_CLASSES = {"llama": "TokenizersBackend", "mistral": "TokenizersBackend", "phi3": "TokenizersBackend",
+                          "qwen2": "Qwen2Tokenizer", "qwen3": "Qwen2Tokenizer", "gemma3": "GemmaTokenizer"}
 
 
 def _load_hf_tokenizer(source: Path, gguf_file: str | None = None, arch: str | None = None):
     """The Hugging Face tokenizer of a folder, or of a GGUF file in it (`arch`: the file's architecture)."""
-    from transformers import AutoTokenizer
+    import transformers
 
     try:
         if gguf_file:
             # a tokenizer_config.json beside the file could name another class: AutoTokenizer reads it then
-            known = GGUF_TOKENIZER_TYPES.get(arch) if not (source / "tokenizer_config.json").exists() else None
-            return AutoTokenizer.from_pretrained(str(source), gguf_file=gguf_file, tokenizer_type=known)
-        return AutoTokenizer.from_pretrained(str(source))
+            known = GGUF_TOKENIZER_CLASSES.get(arch) if not (source / "tokenizer_config.json").exists() else None
+            loader = getattr(transformers, known) if known else transformers.AutoTokenizer
+            return loader.from_pretrained(str(source), gguf_file=gguf_file)
+        return transformers.AutoTokenizer.from_pretrained(str(source))
     except Exception as exc:
         raise ModelError(f"cannot load the tokenizer from {source / (gguf_file or '')} ({type(exc).__name__}: {exc})") from None
 

@@ -15,7 +15,7 @@ import torch
 from specdecode.errors import ModelError
 from specdecode.models.config import SUPPORTED_ARCHS
 from specdecode.models.gguf_loader import load_gguf_model
-from specdecode.models.loader import GGUF_TOKENIZER_TYPES, load_model
+from specdecode.models.loader import GGUF_TOKENIZER_CLASSES, load_model
 from specdecode.models.transformer import Transformer
 from testlib import QWEN_05B, SMOLLM2, make_tiny_model
 
@@ -293,10 +293,10 @@ def test_added_tokens_recorded_in_the_config_load_the_same_tokenizer(name, tmp_p
     assert tokenizer_facts(_load_hf_tokenizer(recorded)) == tokenizer_facts(_load_hf_tokenizer(bare))
 
 
-@pytest.mark.parametrize("arch", sorted(GGUF_TOKENIZER_TYPES))
-def test_a_gguf_tokenizer_named_by_its_model_type_is_the_one_autotokenizer_finds(arch, tmp_path):
-    """A conversion names the tokenizer type of a known architecture to AutoTokenizer (GGUF_TOKENIZER_TYPES) instead
-    of letting it parse the file's whole metadata to find it: the saved tokenizer is the same, file for file."""
+@pytest.mark.parametrize("arch", sorted(GGUF_TOKENIZER_CLASSES))
+def test_a_gguf_tokenizer_of_a_known_architecture_is_the_one_autotokenizer_finds(arch, tmp_path):
+    """A conversion loads the tokenizer class AutoTokenizer picks for a known architecture (GGUF_TOKENIZER_CLASSES)
+    without letting it parse the file's whole metadata to find it: the saved tokenizer is the same, file for file."""
     from transformers import AutoTokenizer
 
     from specdecode.models.loader import _load_hf_tokenizer
