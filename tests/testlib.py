@@ -115,13 +115,14 @@ def random_kquant_blocks(name: str, rows: int, cols: int, gen: np.random.Generat
     return blocks.reshape(rows, -1)
 
 
-def kquant_model(seed: int, arch: str = "qwen2", layout: dict = KQUANT_LAYOUT) -> tuple[Transformer, dict]:
+def kquant_model(seed: int, arch: str = "qwen2", layout: dict = KQUANT_LAYOUT, width: int = 256) -> tuple[Transformer, dict]:
     """A tiny model whose matrices are random Q4_K/Q6_K blocks: (float32 model with the dequantized weights,
     {matrix key: [(ggml type, blocks)]} for `loader._to_quant_weights`). Dimensions are multiples of 256,
-    the k-quant block length."""
+    the k-quant block length; `width` (hidden and intermediate size) 512 gives every matrix but the attention
+    output two blocks per row, so the kernels' steps from block to block are exercised too."""
     import gguf
 
-    model = make_tiny_model(seed=seed, arch=arch, hidden_size=256, intermediate_size=256, n_heads=4,
+    model = make_tiny_model(seed=seed, arch=arch, hidden_size=width, intermediate_size=width, n_heads=4,
                             n_kv_heads=2, head_dim=64)
     c, gen = model.config, np.random.default_rng(seed)
     rows = {"qkv": (c.q_size, c.kv_size, c.kv_size), "out_proj": (c.hidden_size,),

@@ -16,8 +16,8 @@ PRECISIONS = ["float32", "int8", "kquant"]
 def model_for(precision: str, name: str = "qwen2-gqa-bias"):
     if kernels.load_kernel() is None:
         pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
-    if precision == "kquant":  # Q4_K / Q6_K weights in the interleaved tiles the default target uses
-        model, blocks = kquant_model(seed=4)
+    if precision == "kquant":  # Q4_K / Q6_K weights in the interleaved tiles the default target uses, two blocks a row
+        model, blocks = kquant_model(seed=4, width=512)
         _to_quant_weights(model, blocks)
         return model
     model = make_tiny_model(seed=9, **TINY_CONFIGS[name])
