@@ -10,9 +10,11 @@ second; four clients share each pass and pick the K that maximises the pass's to
 
 Geometric acceptance flatters batching: copied drafts come in bursts that one client alone can verify at length.
 
-    python ratio_bound.py
+    .venv/bin/python docs/bench/batch-ceiling-vnni/ratio_bound.py
 """
 import numpy as np
+
+from specdecode.stats import expected_tokens_per_pass
 
 MAC_PER_ROW = 1.544  # G multiply-adds a row of Qwen2.5-Coder-1.5B (28 layers of 46.8 M, the 233 M head)
 PEAK = 464.0         # G MAC/s: vnni_peak.c on both cores
@@ -21,13 +23,9 @@ ROWS = [1, 8, 16, 32, 64]
 MEASURED_MS = [41.0, 74.6, 130.3, 240.2, 450.5]  # scripts/step_costs.py at the final kernel (report.md)
 
 
-def tokens_per_pass(alpha: float, k: int) -> float:
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
-
-
 def best_rate(clients: int, alpha: float, cost) -> float:
     """Tokens per ms at the best K shared by every client."""
-    return max(clients * tokens_per_pass(alpha, k) / cost(clients * (k + 1)) for k in range(40))
+    return max(clients * expected_tokens_per_pass(alpha, k) / cost(clients * (k + 1)) for k in range(40))
 
 
 def ideal(rows: int) -> float:
