@@ -68,7 +68,7 @@ def main() -> None:
     restrict_draft_vocabulary(draft, DRAFT_VOCAB)  # the head a drafting step computes
     context = torch.arange(1000, 1400) % target.vocab_size  # 400 ordinary token ids: the cost does not depend on them
     ours = time_blocks(target, context, args.repeats, sizes)
-    draft_step = time_blocks(draft, context, args.repeats)[1]
+    draft_step = time_blocks(draft, context, args.repeats, (1,))[1]  # only its single step is reported
     ll = {}
     folder, why = find_llamacpp_bin(args.llamacpp_bin)
     if folder:
