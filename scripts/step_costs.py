@@ -24,6 +24,7 @@ from specdecode.drafters.vocab import restrict_draft_vocabulary
 from specdecode.engine import DRAFT_VOCAB
 from specdecode.models.loader import load_model
 
+CONTEXT = 400  # tokens in the cache before each timed block; blocks are slices of it
 SIZES = (1, 2, 5, 9, 16, 64)  # 64: a prompt chunk (prompts go through the kernel 64 rows per call)
 
 
@@ -62,11 +63,16 @@ def main() -> None:
     p.add_argument("--llamacpp-bin", default=None)
     args = p.parse_args()
     threads = torch.get_num_threads()
-    sizes = tuple(int(size) for size in args.sizes.split(","))
+    try:
+        sizes = tuple(int(size) for size in args.sizes.split(","))
+    except ValueError:
+        p.error(f"--sizes must be integers separated by commas, got {args.sizes!r}")
+    if 1 not in sizes or not all(1 <= size <= CONTEXT for size in sizes):
+        p.error(f"--sizes must include 1 (the single step every cost is measured against) and stay in 1..{CONTEXT}")
     target = load_model(args.model, device="cpu", dtype=args.precision, max_context=1024)
     draft = load_model(args.draft, device="cpu", dtype="int8", max_context=1024)
     restrict_draft_vocabulary(draft, DRAFT_VOCAB)  # the head a drafting step computes
-    context = torch.arange(1000, 1400) % target.vocab_size  # 400 ordinary token ids: the cost does not depend on them
+    context = torch.arange(1000, 1000 + CONTEXT) % target.vocab_size  # ordinary token ids: the cost does not depend on them
     ours = time_blocks(target, context, args.repeats, sizes)
     draft_step = time_blocks(draft, context, args.repeats, (1,))[1]  # only its single step is reported
     ll = {}
