@@ -1,0 +1,302 @@
+"""One decoder pass over the rows of one or more sequences through the Triton kernels, each row exact.
+
+`ExactPass.run(segments)` computes every segment's new tokens (a decode step, a verify chain or tree, a prompt
+chunk) against its own cache slot, all rows in one launch of each kernel, and returns each segment's logits.
+A row's bits depend on its own tokens, position and cache alone (triton_kernels.py says how), so a verify block
+reproduces the decode steps it stands for and a request in a batch gets its solo output.
+
+On CUDA the passes of up to CAPTURED_ROWS rows run as CUDA graphs, one per row-count bucket: the rows are padded
+to the bucket (padding rows write to the pool's slot 0 and are dropped), their metadata goes to the device in one
+copy, and the pass is one replay. Larger passes (prompt chunks) launch the same kernels one by one.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .kv_pool import KVPool
+
+# Row-count buckets captured as CUDA graphs; a pass of more rows runs eagerly.
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+CAPTURED_ROWS = BUCKETS[-1]
+# Metadata rows of a pass (int32 [META + depth, rows]): token, position, cache slot, cache entry written, keys
+# seen, keys before the tree part; then the entries of a token tree's ancestors by depth.
+TOKEN, POS, SLOT, WRITE, KEYS, PREFIX = range(6)
+META = 6
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """The kernels' fixed shapes. None of them may depend on a pass's row count: they decide how every row is
+    summed. attn_split is the attention segment (keys merged per segment, segments merged in order)."""
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 64
+    max_split: int = 512
+    attn_chunk: int = 64
+    attn_split: int = 256
+    elementwise: int = 1024
+    warps: int = 4  # the products' launch: how, not what, they compute
+    stages: int = 3
+
+    def split_size(self, k: int) -> int:
+        """Reduction length of one split of a product over k: from k alone (about k/8, so that small row counts
+        still fill the device), a multiple of block_k."""
+        target = min(self.max_split, triton_next_pow2(k) // 8)
+        return max(self.block_k, target // self.block_k * self.block_k)
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class ExactPass:
+    """The Triton pass of one native Transformer (models/transformer.py), its cache pools and captured graphs."""
+
+    def __init__(self, model, tiles: Tiles = Tiles(), graphs: bool | None = None):
+        from . import triton_kernels  # Triton reads TRITON_INTERPRET when the kernels are defined
+
+        self.k = triton_kernels
+        self.model = model
+        self.tiles = tiles
+        c = model.config
+        self.act_dtype = model.layers[0].qkv.dtype
+        self.dot_f32 = interpreting() or self.act_dtype == torch.float32
+        self.group = c.n_heads // c.n_kv_heads
+        self.group_pad = max(16, triton_next_pow2(self.group))
+        self.graphs = model.device.type == "cuda" if graphs is None else graphs
+        self.pools: dict[int, KVPool] = {}
+        self._captured: dict = {}
+        self._memory = None  # one memory pool for every captured pass: they replay one at a time
+        # The largest prompt chunk an engine feeds one pass: the splits' partial sums grow with the rows.
+        self.max_rows = 256
+
+    # ------------------------------------------------------------------ caches
+    def new_cache(self, max_len: int):
+        c = self.model.config
+        if max_len not in self.pools:
+            self.pools[max_len] = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, max_len, self.act_dtype, self.model.device)
+        return self.pools[max_len].new_cache()
+
+    # ------------------------------------------------------------------ a pass
+    def run(self, segments) -> list[torch.Tensor]:
+        """Logits [rows, vocab] (float32) of every row of each segment (models.transformer.Segment, whose caches
+        all come from one pool of this pass), after writing the rows' keys and values to their caches."""
+        pool = segments[0].cache.pool
+        if any(seg.cache.pool is not pool for seg in segments):
+            raise ValueError("segments of one pass must share a cache pool")
+        rows = sum(seg.rows for seg in segments)
+        bucket = next((b for b in BUCKETS if b >= rows), None) if self.graphs else None
+        meta = pass_metadata(segments, bucket or rows, bucket or max_depth(segments))
+        if bucket is None:
+            logits = self.forward(meta.to(self.model.device, non_blocking=True), pool)
+        else:
+            graph, static_meta, static_logits = self._graph(bucket, pool)
+            static_meta.copy_(meta, non_blocking=True)
+            graph.replay()
+            logits = static_logits
+        out, first = [], 0
+        for seg in segments:  # copies: a captured pass's logits are overwritten by its next replay
+            out.append(logits[first : first + seg.rows].clone() if bucket else logits[first : first + seg.rows])
+            first += seg.rows
+        return out
+
+    def _graph(self, bucket: int, pool: KVPool):
+        key = (bucket, id(pool), pool.version)
+        if key not in self._captured:
+            self._captured = {k: v for k, v in self._captured.items() if k[1] != key[1] or k[2] == pool.version}
+            meta = padding_metadata(bucket, bucket).to(self.model.device)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # compiles the kernels and settles the allocator before capture
+                self.forward(meta, pool)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            self._memory = self._memory or torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self._memory):
+                logits = self.forward(meta, pool)
+            self._captured[key] = (graph, meta, logits)
+        return self._captured[key]
+
+    def forward(self, meta: torch.Tensor, pool: KVPool) -> torch.Tensor:
+        """The pass itself over device metadata [META + depth, rows]: logits [rows, vocab] float32."""
+        model, c = self.model, self.model.config
+        rows = meta.shape[1]
+        x = model.embed[meta[TOKEN].long()]
+        x = (x * model.embed_scale if model.embed_scale is not None else x).float().contiguous()
+        h = torch.empty(rows, c.hidden_size, dtype=self.act_dtype, device=x.device)
+        self.k.rms_norm_kernel[(rows,)](x, model.layers[0].attn_norm, h, c.hidden_size, c.rms_norm_eps,
+                                        BLOCK=triton_next_pow2(c.hidden_size))
+        for index, layer in enumerate(model.layers):
+            attn = self._attention(layer, index, h, meta, pool)
+            h = self._mlp(layer, index, x, attn)
+        return self._head(h)
+
+    # ------------------------------------------------------------------ parts of a layer
+    def product(self, x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The splits of x [rows, K] @ weight [N, K].T: float32 partial sums [splits, rows, N] and their count."""
+        rows, k = x.shape
+        n = weight.shape[0]
+        t = self.tiles
+        split = t.split_size(k)
+        splits = -(-k // split)
+        part = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
+        grid = (-(-rows // t.block_m), -(-n // t.block_n), splits)
+        self.k.linear_partial_kernel[grid](x, weight, part, rows, n, k, split, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                                           BLOCK_K=t.block_k, DOT_F32=self.dot_f32, num_warps=t.warps,
+                                           num_stages=t.stages)
+        return part, splits
+
+    def _attention(self, layer, index: int, h: torch.Tensor, meta: torch.Tensor, pool: KVPool) -> torch.Tensor:
+        """QKV product, q/k norms, rotary embedding, cache writes and attention of every row: [rows, H * D]."""
+        model, c, t = self.model, self.model.config, self.tiles
+        rows = h.shape[0]
+        part, splits = self.product(h, layer.qkv)
+        cos, sin = self._rope_tables(layer)
+        q = torch.empty(rows, c.n_heads, c.head_dim, dtype=self.act_dtype, device=h.device)
+        keys, values = pool.keys[index], pool.values[index]  # [slots, HKV, max_len, D]
+        bias = layer.qkv_bias if layer.qkv_bias is not None else part
+        q_norm = layer.q_norm if layer.q_norm is not None else part
+        k_norm = layer.k_norm if layer.k_norm is not None else part
+        self.k.qkv_finish_kernel[(rows, c.n_heads + 2 * c.n_kv_heads)](
+            part, bias, q_norm, k_norm, cos, sin, meta[POS], meta[SLOT], meta[WRITE], q, keys, values,
+            keys.stride(0), keys.stride(1), rows, c.rms_norm_eps, H=c.n_heads, HKV=c.n_kv_heads, D=c.head_dim,
+            SPLITS=splits, HAS_BIAS=layer.qkv_bias is not None, QK_NORM=layer.q_norm is not None)
+        return self.attend(layer, index, q, meta, pool)
+
+    def attend(self, layer, index: int, q: torch.Tensor, meta: torch.Tensor, pool: KVPool) -> torch.Tensor:
+        """Attention of every row's q [rows, H, D] over its own cache entries: [rows, H * D]."""
+        c, t = self.model.config, self.tiles
+        rows = q.shape[0]
+        keys, values = pool.keys[index], pool.values[index]
+        segments = -(-pool.max_len // t.attn_split)
+        shape = (rows, c.n_kv_heads, segments, self.group_pad)
+        m = torch.empty(shape, dtype=torch.float32, device=q.device)
+        total = torch.empty(shape, dtype=torch.float32, device=q.device)
+        acc = torch.empty(*shape, c.head_dim, dtype=torch.float32, device=q.device)
+        scale = c.attention_scale or c.head_dim ** -0.5
+        depth = meta[META:]
+        common = dict(H=c.n_heads, HKV=c.n_kv_heads, GROUP=self.group, GROUP_PAD=self.group_pad, D=c.head_dim,
+                      SPLIT=t.attn_split, SEGMENTS=segments)
+        self.k.attention_partial_kernel[(rows, c.n_kv_heads, segments)](
+            q, keys, values, meta[SLOT], meta[POS], meta[KEYS], meta[PREFIX], depth, depth.stride(0), m, total, acc,
+            keys.stride(0), keys.stride(1), rows, scale, layer.window, CHUNK=t.attn_chunk, DOT_F32=self.dot_f32,
+            **common)
+        out = torch.empty(rows, c.q_size, dtype=self.act_dtype, device=q.device)
+        self.k.attention_merge_kernel[(rows, c.n_kv_heads)](m, total, acc, meta[POS], meta[KEYS], out, rows,
+                                                            layer.window, **common)
+        return out
+
+    def _mlp(self, layer, index: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Output projection and residual, MLP and residual (x updated in place); returns the next product's
+        input: the next layer's normed rows, or the final norm's."""
+        model, c, t = self.model, self.model.config, self.tiles
+        rows = x.shape[0]
+        h = torch.empty(rows, c.hidden_size, dtype=self.act_dtype, device=x.device)
+        block = triton_next_pow2(c.hidden_size)
+        part, splits = self.product(attn, layer.out_proj)
+        post = layer.post_attn_norm
+        self.k.residual_norm_kernel[(rows,)](part, x, post if post is not None else x, layer.mlp_norm, h, rows,
+                                             c.hidden_size, splits, c.rms_norm_eps, HAS_POST=post is not None,
+                                             BLOCK=block)
+        part, splits = self.product(h, layer.gate_up)
+        act = torch.empty(rows, c.intermediate_size, dtype=self.act_dtype, device=x.device)
+        width = min(t.elementwise, triton_next_pow2(c.intermediate_size))
+        self.k.gated_act_kernel[(rows, -(-c.intermediate_size // width))](
+            part, act, rows, c.intermediate_size, splits, GELU=c.architecture.activation == "gelu_tanh", BLOCK=width)
+        part, splits = self.product(act, layer.down)
+        post = layer.post_mlp_norm
+        last = index + 1 == len(model.layers)
+        following = model.final_norm if last else model.layers[index + 1].attn_norm
+        self.k.residual_norm_kernel[(rows,)](part, x, post if post is not None else x, following, h, rows,
+                                             c.hidden_size, splits, c.rms_norm_eps, HAS_POST=post is not None,
+                                             BLOCK=block)
+        return h
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        model = self.model
+        weight = model._subset_head if model._subset_head is not None else model.output_weight()
+        weight = weight if weight.dtype == self.act_dtype else self._head_copy(weight)
+        part, splits = self.product(h, weight)
+        rows, n = h.shape[0], weight.shape[0]
+        logits = torch.empty(rows, n, dtype=torch.float32, device=h.device)
+        width = min(self.tiles.elementwise, triton_next_pow2(n))
+        self.k.reduce_kernel[(rows, -(-n // width))](part, part, logits, rows, n, splits, HAS_BIAS=False, BLOCK=width)
+        return logits
+
+    def _head_copy(self, weight: torch.Tensor) -> torch.Tensor:
+        """The output weight in the matrices' dtype (a float32 embedding tied to the head), made once."""
+        cached = getattr(self, "_head_cache", None)
+        if cached is None or cached[0] is not weight:
+            self._head_cache = (weight, weight.to(self.act_dtype).contiguous())
+        return self._head_cache[1]
+
+    def _rope_tables(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [positions, D/2] of the layer's rotation (windowed layers may have their own base)."""
+        model = self.model
+        local = bool(layer.window and model.config.rope_local_theta)
+        zero = torch.zeros(1, dtype=torch.long, device=model.device)
+        if model._rope_cos is None:
+            model._rope(zero)  # builds the table
+        if local and model._local_rope is None:
+            model._rope(zero, local=True)
+        return model._local_rope if local else (model._rope_cos, model._rope_sin)
+
+
+# ---------------------------------------------------------------------- the rows' metadata
+def max_depth(segments) -> int:
+    return max((len(tree_ancestors(seg.parents)[-1]) if seg.parents else 1) for seg in segments)
+
+
+def tree_ancestors(parents: list[int]) -> list[list[int]]:
+    """Per block row of a token tree (row 0 the root, row i's parent parents[i-1]): its ancestors' rows and its own,
+    by depth."""
+    paths = [[0]]
+    for index, parent in enumerate(parents, start=1):
+        paths.append(paths[parent] + [index])
+    return paths
+
+
+def padding_metadata(rows: int, width: int) -> torch.Tensor:
+    """Metadata of rows that only pad a pass: token 0 at position 0 of the pool's scratch slot 0."""
+    return torch.from_numpy(_padding(rows, width))
+
+
+def _padding(rows: int, width: int) -> np.ndarray:
+    meta = np.zeros((META + width, rows), dtype=np.int32)
+    meta[KEYS] = meta[PREFIX] = 1
+    return meta
+
+
+def pass_metadata(segments, rows: int, width: int) -> torch.Tensor:
+    """int32 [META + width, rows] for the segments' rows in order, then padding rows up to `rows`."""
+    meta = _padding(rows, width)
+    first = 0
+    for seg in segments:
+        start, count = seg.cache.length, seg.rows
+        if start + count > seg.cache.max_len:
+            raise ValueError(f"block of {count} tokens does not fit: cache holds {start} of {seg.cache.max_len}")
+        at = slice(first, first + count)
+        meta[TOKEN, at] = seg.tokens
+        meta[SLOT, at] = seg.cache.slot
+        meta[WRITE, at] = np.arange(start, start + count)
+        if seg.parents is None:
+            meta[POS, at] = meta[WRITE, at]
+            meta[KEYS, at] = meta[PREFIX, at] = meta[WRITE, at] + 1
+        else:
+            for offset, path in enumerate(tree_ancestors(seg.parents)):
+                depth = len(path) - 1
+                meta[POS, first + offset] = start + depth
+                meta[KEYS, first + offset] = start + depth + 1
+                meta[PREFIX, first + offset] = start
+                meta[META : META + depth + 1, first + offset] = np.asarray(path) + start
+        first += count
+    return torch.from_numpy(meta)

@@ -1,0 +1,260 @@
+"""Triton kernels of one decoder pass whose rows never depend on the pass (the GPU path, exact_pass.py).
+
+Every kernel gives row r a result computed from row r's inputs and position alone:
+- products: one tile shape for every row count (rows padded to BLOCK_M, never another kernel or MMA shape);
+  the reduction is split for parallelism at points fixed by the reduction length K alone (split_size), and
+  the partial sums are added back in split order by the kernel that consumes them;
+- norms, the gated activation and the QKV epilogue: one program per row (or per row and column block), so a
+  row's reductions have one shape whatever else is in the pass;
+- attention: row r reduces its keys in chunks of ATTN_CHUNK, grouped into segments of a fixed size at fixed
+  logical positions (0, SPLIT, 2 SPLIT, ...), and the segments are merged in ascending order: the same for a
+  decode step, a verify block, a token tree, a prompt chunk and a batch.
+
+DOT_F32 multiplies in float32 (float32 weights, and Triton's interpreter, which cannot multiply bfloat16 blocks);
+otherwise bfloat16 operands go to the tensor cores with float32 accumulation.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_F32: tl.constexpr):
+    if DOT_F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit(do_not_specialize=["M"])
+def linear_partial_kernel(x_ptr, w_ptr, part_ptr, M, N, K, SPLIT: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          DOT_F32: tl.constexpr):
+    """part[s, m, n] = sum over k in split s of x[m, k] * w[n, k]: x [M, K], w [N, K] row-major, part float32."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    split = tl.program_id(2)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(0, SPLIT, BLOCK_K):
+        ks = split * SPLIT + step + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=(cols[:, None] < N) & (ks[None, :] < K), other=0.0)
+        acc = _dot(x.to(w.dtype), tl.trans(w), acc, DOT_F32)
+    out = part_ptr + split * M * N + rows[:, None] * N + cols[None, :]
+    tl.store(out, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """A row's columns summed over the splits in ascending order (the fixed order every row gets)."""
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for split in range(SPLITS):
+        total += tl.load(part_ptr + split * M * N + row * N + cols, mask=mask, other=0.0)
+    return total
+
+
+@triton.jit(do_not_specialize=["M"])
+def reduce_kernel(part_ptr, bias_ptr, out_ptr, M, N, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    """out[m, n] = sum of the splits (+ bias): the output head's logits."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    y = _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS, BLOCK)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * N + cols, y, mask=mask)
+
+
+@triton.jit
+def _rms(x, mask, N: tl.constexpr, eps):
+    """1 / sqrt(mean(x^2) + eps) over the N valid entries (masked entries are zero)."""
+    squares = tl.where(mask, x * x, 0.0)
+    return 1.0 / tl.sqrt(tl.sum(squares, axis=0) / N + eps)
+
+
+@triton.jit
+def rms_norm_kernel(x_ptr, w_ptr, h_ptr, N: tl.constexpr, eps, BLOCK: tl.constexpr):
+    """h[m] = x[m] * rms(x[m]) * w, one program per row (x float32, h in the weights' dtype)."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    tl.store(h_ptr + row * N + cols, (x * _rms(x, mask, N, eps) * w).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def residual_norm_kernel(part_ptr, x_ptr, post_w_ptr, norm_w_ptr, h_ptr, M, N: tl.constexpr, SPLITS: tl.constexpr,
+                         eps, HAS_POST: tl.constexpr, BLOCK: tl.constexpr):
+    """The end of a sublayer, one program per row: y = the product's splits summed (then RMS-normed by post_w where
+    the architecture has sandwich norms), x += y in place, h = RMSNorm(x) * norm_w for the next product."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    y = _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS, BLOCK)
+    if HAS_POST:
+        y = y * _rms(y, mask, N, eps) * tl.load(post_w_ptr + cols, mask=mask, other=0.0)
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0) + y
+    tl.store(x_ptr + row * N + cols, x, mask=mask)
+    w = tl.load(norm_w_ptr + cols, mask=mask, other=0.0)
+    tl.store(h_ptr + row * N + cols, (x * _rms(x, mask, N, eps) * w).to(h_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def gated_act_kernel(part_ptr, out_ptr, M, INTER: tl.constexpr, SPLITS: tl.constexpr, GELU: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """out[m, i] = act(gate[m, i]) * up[m, i], from the gate|up product's splits ([.., M, 2 INTER])."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < INTER
+    gate = _sum_splits(part_ptr, row, cols, mask, M, 2 * INTER, SPLITS, BLOCK)
+    up = _sum_splits(part_ptr, row, cols + INTER, mask, M, 2 * INTER, SPLITS, BLOCK)
+    if GELU:  # tanh-approximated GELU; tanh(z) = 1 - 2 / (exp(2z) + 1)
+        z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        act = 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
+    else:
+        act = gate / (1.0 + tl.exp(-gate))
+    tl.store(out_ptr + row * INTER + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def qkv_finish_kernel(part_ptr, bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, write_ptr,
+                      q_ptr, k_pool_ptr, v_pool_ptr, slot_stride, head_stride, M, eps,
+                      H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr):
+    """One head of one row after the QKV product: its splits summed (+ bias), per-head RMSNorm of q and k where
+    the architecture has it, the rotary embedding at the row's position (half-rotation layout), then q to q_ptr
+    [M, H, D] and k, v into the row's cache slot at its write position (pools [slots, HKV, max_len, D])."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)  # q heads, then k heads, then v heads: the product's column order
+    HALF: tl.constexpr = D // 2
+    N: tl.constexpr = (H + 2 * HKV) * D
+    lo = tl.arange(0, HALF)
+    all_true = lo < HALF
+    first = head * D
+    x1 = _sum_splits(part_ptr, row, first + lo, all_true, M, N, SPLITS, HALF)
+    x2 = _sum_splits(part_ptr, row, first + HALF + lo, all_true, M, N, SPLITS, HALF)
+    if HAS_BIAS:
+        x1 += tl.load(bias_ptr + first + lo)
+        x2 += tl.load(bias_ptr + first + HALF + lo)
+    pos = tl.load(pos_ptr + row)
+    slot = tl.load(slot_ptr + row)
+    at = tl.load(write_ptr + row)
+    if head < H + HKV:
+        if QK_NORM:
+            if head < H:
+                w1 = tl.load(q_norm_ptr + lo)
+                w2 = tl.load(q_norm_ptr + HALF + lo)
+            else:
+                w1 = tl.load(k_norm_ptr + lo)
+                w2 = tl.load(k_norm_ptr + HALF + lo)
+            scale = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
+            x1 = x1 * scale * w1
+            x2 = x2 * scale * w2
+        cos = tl.load(cos_ptr + pos * HALF + lo)
+        sin = tl.load(sin_ptr + pos * HALF + lo)
+        y1 = x1 * cos - x2 * sin
+        y2 = x2 * cos + x1 * sin
+        if head < H:
+            out = q_ptr + (row * H + head) * D
+            tl.store(out + lo, y1.to(q_ptr.dtype.element_ty))
+            tl.store(out + HALF + lo, y2.to(q_ptr.dtype.element_ty))
+        else:
+            out = k_pool_ptr + slot * slot_stride + (head - H) * head_stride + at * D
+            tl.store(out + lo, y1.to(k_pool_ptr.dtype.element_ty))
+            tl.store(out + HALF + lo, y2.to(k_pool_ptr.dtype.element_ty))
+    else:
+        out = v_pool_ptr + slot * slot_stride + (head - H - HKV) * head_stride + at * D
+        tl.store(out + lo, x1.to(v_pool_ptr.dtype.element_ty))
+        tl.store(out + HALF + lo, x2.to(v_pool_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["M"])
+def attention_partial_kernel(q_ptr, k_pool_ptr, v_pool_ptr, slot_ptr, pos_ptr, keys_ptr, prefix_ptr, anc_ptr,
+                             anc_stride, m_ptr, l_ptr, acc_ptr, slot_stride, head_stride, M, scale, WINDOW,
+                             H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                             D: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr,
+                             DOT_F32: tl.constexpr):
+    """One segment of one row's attention for the GROUP query heads of one kv head: keys at logical positions
+    [s SPLIT, (s+1) SPLIT) that the row sees, in chunks of CHUNK with an online softmax; writes the segment's
+    running max m, sum l and weighted values acc (float32, [M, HKV, SEGMENTS, GROUP_PAD(, D)]).
+
+    Row r sees logical positions 0..keys[r]-1 (and, with a window, none before pos - WINDOW + 1); position p sits
+    in cache entry p below prefix[r], else in entry anc[r, p - prefix[r]] (a token tree's ancestors; a chain has
+    prefix = keys). Segments the row does not reach write nothing; the merge skips them."""
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    segment = tl.program_id(2)
+    n_keys = tl.load(keys_ptr + row)
+    pos = tl.load(pos_ptr + row)
+    lowest = tl.where(WINDOW > 0, pos - WINDOW + 1, 0)
+    start = segment * SPLIT
+    if (start < n_keys) & (start + SPLIT > lowest):
+        prefix = tl.load(prefix_ptr + row)
+        slot = tl.load(slot_ptr + row)
+        group = tl.arange(0, GROUP_PAD)
+        dims = tl.arange(0, D)
+        q = tl.load(q_ptr + (row * H + kv_head * GROUP + group)[:, None] * D + dims[None, :],
+                    mask=(group < GROUP)[:, None], other=0.0)
+        base = slot * slot_stride + kv_head * head_stride
+        m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
+        acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
+        for step in range(0, SPLIT, CHUNK):
+            p = start + step + tl.arange(0, CHUNK)
+            valid = (p < n_keys) & (p >= lowest)
+            in_tree = valid & (p >= prefix)
+            entry = tl.where(in_tree, tl.load(anc_ptr + row + (p - prefix) * anc_stride, mask=in_tree, other=0), p)
+            k = tl.load(k_pool_ptr + base + entry[:, None] * D + dims[None, :], mask=valid[:, None], other=0.0)
+            scores = _dot(q, tl.trans(k.to(q.dtype)), tl.zeros((GROUP_PAD, CHUNK), dtype=tl.float32), DOT_F32) * scale
+            scores = tl.where(valid[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a chunk with no key changes nothing
+            alpha = tl.exp(m_i - m_safe)
+            weights = tl.exp(scores - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(weights, axis=1)
+            v = tl.load(v_pool_ptr + base + entry[:, None] * D + dims[None, :], mask=valid[:, None], other=0.0)
+            acc = _dot(weights.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
+            m_i = m_new
+        at = (row * HKV + kv_head) * SEGMENTS + segment
+        tl.store(m_ptr + at * GROUP_PAD + group, m_i)
+        tl.store(l_ptr + at * GROUP_PAD + group, l_i)
+        tl.store(acc_ptr + (at * GROUP_PAD + group)[:, None] * D + dims[None, :], acc)
+
+
+@triton.jit(do_not_specialize=["M"])
+def attention_merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, M, WINDOW,
+                           H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                           D: tl.constexpr, SPLIT: tl.constexpr, SEGMENTS: tl.constexpr):
+    """A row's segments merged in ascending order (first their maximum, then the rescaled sums): out [M, H * D]."""
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    n_keys = tl.load(keys_ptr + row)
+    pos = tl.load(pos_ptr + row)
+    lowest = tl.where(WINDOW > 0, pos - WINDOW + 1, 0)
+    group = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, D)
+    first = (row * HKV + kv_head) * SEGMENTS
+    top = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
+    for segment in range(SEGMENTS):
+        used = (segment * SPLIT < n_keys) & (segment * SPLIT + SPLIT > lowest)
+        top = tl.maximum(top, tl.load(m_ptr + (first + segment) * GROUP_PAD + group, mask=used, other=float("-inf")))
+    total = tl.zeros((GROUP_PAD,), dtype=tl.float32)
+    acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
+    for segment in range(SEGMENTS):
+        used = (segment * SPLIT < n_keys) & (segment * SPLIT + SPLIT > lowest)
+        at = (first + segment) * GROUP_PAD + group
+        m_s = tl.load(m_ptr + at, mask=used, other=float("-inf"))
+        weight = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - top))
+        # Unused segments leave the sums as they are (not + 0, which could turn a -0.0 into +0.0): a row's bits
+        # do not depend on how many segments its cache could hold.
+        total = tl.where(used, total + weight * tl.load(l_ptr + at, mask=used, other=0.0), total)
+        acc = tl.where(used, acc + weight[:, None] * tl.load(acc_ptr + at[:, None] * D + dims[None, :], mask=used,
+                                                            other=0.0), acc)
+    out = acc / total[:, None]
+    heads = kv_head * GROUP + group
+    tl.store(out_ptr + (row * H + heads)[:, None] * D + dims[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=(group < GROUP)[:, None])
