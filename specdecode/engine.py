@@ -121,6 +121,8 @@ class Engine:
         # a fresh run gets. int8 targets are row-exact at any size; other targets keep the larger chunks.
         if isinstance(target.model, Transformer) and target.model.device.type == "cpu" and not target.model.int8:
             prefill_chunk = min(prefill_chunk, kernels.FLOAT32_CHUNKED_MAX_ROWS)
+        if isinstance(target.model, Transformer) and target.model.exact_pass is not None:
+            prefill_chunk = min(prefill_chunk, target.model.exact_pass.max_rows)
         self.prefill_chunk = prefill_chunk
         self.tuner = Tuner(tuning_params)  # what the engine learns across steps and generations
         self.suffix_store = SuffixStore(suffix_store_tokens)  # earlier requests, for the suffix drafter
@@ -408,6 +410,8 @@ def inexact_reason(model) -> str | None:
     """None where every row of a block is computed exactly as the row alone (the native CPU kernels); else why not."""
     if not isinstance(model, Transformer):
         return "the transformers adapter computes blocks with PyTorch's batched kernels"
+    if model.exact_pass is not None:
+        return None
     if model.device.type != "cpu":
         return f"on {model.device.type}, batched matmuls and attention round differently from single rows"
     if kernels.load_kernel() is None:

@@ -110,8 +110,13 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def load_hf_native(folder: Path, device, weight_dtype: torch.dtype, max_positions: int | None) -> Transformer:
-    config = config_from_hf(read_hf_config(folder))
-    tensors = _read_safetensors(folder)
+    return native_from_hf(read_hf_config(folder), _read_safetensors(folder), device, weight_dtype, max_positions, folder)
+
+
+def native_from_hf(hf_config: dict, tensors: dict[str, torch.Tensor], device, weight_dtype: torch.dtype,
+                   max_positions: int | None, folder="the model") -> Transformer:
+    """The native decoder of a Hugging Face config and state dict (a folder's, or a model's in memory)."""
+    config = config_from_hf(hf_config)
     if "lm_head.weight" not in tensors and not config.tie_embeddings:
         config = ModelConfig(**{**config.__dict__, "tie_embeddings": True})
     model = Transformer(config, weight_dtype=weight_dtype, max_positions=max_positions)

@@ -50,6 +50,8 @@ class LoadedModel:
         if self.dtype == "int8":
             quantized = f"; {self.requantized} matrices quantized to Q8_0 at load" if self.requantized else ""
             return f"int8 (GGUF blocks x int8 activations{quantized})"
+        if getattr(self.model, "exact_pass", None) is not None:
+            return f"{self.dtype} on {self.model.device.type} (row-exact Triton kernels)"
         return f"{self.dtype}, from GGUF blocks" if self.gguf_blocks else self.dtype
 
     @property
@@ -327,6 +329,12 @@ def _finish_native(model: Transformer, weight_dtype: torch.dtype, quantize: str 
         model.lm_head = torch.nn.Parameter(model.embed.to(weight_dtype), requires_grad=False)
     if model.device.type == "cpu":
         kernels.load_kernel()
+    elif model.device.type == "cuda":
+        from .. import gpu
+
+        reason = gpu.attach(model)
+        if reason is not None:
+            print(f"specdecode: {reason}; running PyTorch's kernels, whose rows are not exact", file=sys.stderr)
     return model
 
 
@@ -413,7 +421,12 @@ def prepare_model_file(name_or_path: str) -> Path:
 
 
 def _available_precision(dtype: str, device: torch.device) -> str:
-    """int8 where its CPU kernel runs; elsewhere (a GPU, no compiler) the same model in float32."""
+    """int8 where its CPU kernel runs; on a GPU the same weights dequantized to bfloat16 (the Triton kernels' input);
+    elsewhere (no compiler) the same model in float32."""
+    if dtype in QUANTIZED and device.type == "cuda":
+        print("specdecode: on cuda the GGUF blocks are dequantized to bfloat16 (int8 is the CPU kernels' precision)",
+              file=sys.stderr)
+        return "bfloat16"
     if dtype in QUANTIZED and (device.type != "cpu" or kernels.load_kernel() is None):
         where = f"on {device.type}" if device.type != "cpu" else kernels.kernel_status()
         print(f"specdecode: int8 precision needs the CPU kernel ({where}); loading float32", file=sys.stderr)

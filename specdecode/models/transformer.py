@@ -210,6 +210,8 @@ class Transformer(nn.Module):
         self._subset_head: torch.Tensor | None = None
         # A draft whose embedding has padding rows its target lacks: ids from here on get -inf (never proposed).
         self.vocab_limit: int | None = None
+        # The GPU path (gpu.exact_pass.ExactPass, attached at load): every pass through its row-exact Triton kernels.
+        self.exact_pass = None
 
     @property
     def device(self) -> torch.device:
@@ -237,6 +239,8 @@ class Transformer(nn.Module):
     def new_cache(self, max_len: int | None = None) -> KVCache:
         c = self.config
         length = min(max_len or self.max_positions, self.max_positions)
+        if self.exact_pass is not None:
+            return self.exact_pass.new_cache(length)
         return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, length, self.embed.dtype, self.device)
 
     def _rope(self, positions: torch.Tensor, local: bool = False):
@@ -271,6 +275,9 @@ class Transformer(nn.Module):
         seq = tokens.shape[0]
         if start + seq > cache.max_len:
             raise ValueError(f"block of {seq} tokens does not fit: cache holds {start} of {cache.max_len}")
+        if self.exact_pass is not None:
+            parents = None if attn_mask is None else mask_parents(attn_mask, start)
+            return self._exact_group([Segment(tokens.tolist(), cache, logits, parents)])[0]
         if positions is None:
             positions = torch.arange(start, start + seq, device=self.device)
         # Decode steps and verify blocks compute every row exactly as it would be alone (attention kernel,
@@ -310,12 +317,17 @@ class Transformer(nn.Module):
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and output layer of the rows in x: [T, hidden] -> [T, vocab]."""
         x = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
+        weight = self.output_weight() if self._subset_head is None else self._subset_head
+        return self._finish_logits(kernels.linear(x, weight))
+
+    def _finish_logits(self, scores: torch.Tensor) -> torch.Tensor:
+        """The output layer's scores as logits over the whole vocabulary: soft-capped, a reduced head's scattered
+        (-inf elsewhere), padding ids past vocab_limit -inf. Elementwise, so each row's bits are its own."""
         if self._subset_head is None:
-            logits = self._softcap(kernels.linear(x, self.output_weight()))
+            logits = self._softcap(scores)
         else:
-            partial = self._softcap(kernels.linear(x, self._subset_head))
-            logits = torch.full((x.shape[0], self.config.vocab_size), float("-inf"), device=x.device)
-            logits[:, self.vocab_subset] = partial
+            logits = torch.full((scores.shape[0], self.config.vocab_size), float("-inf"), device=scores.device)
+            logits[:, self.vocab_subset] = self._softcap(scores)
         if self.vocab_limit is not None:
             logits[:, self.vocab_limit :] = float("-inf")
         return logits
@@ -324,7 +336,9 @@ class Transformer(nn.Module):
     def batch_rows(self) -> int:
         """The most rows one batched pass may hold and stay row-exact: any number on the int8 path; on the
         float32 CPU path as many as its kernels compute row by row; 0 where rows are not exact (no kernel,
-        CUDA), so forward_batch runs each sequence alone there."""
+        CUDA without the Triton path), so forward_batch runs each sequence alone there."""
+        if self.exact_pass is not None:
+            return 1 << 20
         if self.device.type != "cpu" or kernels.load_kernel() is None:
             return 0
         return 1 << 20 if self.int8 else kernels.FLOAT32_CHUNKED_MAX_ROWS
@@ -339,6 +353,8 @@ class Transformer(nn.Module):
         its logits as `forward` would ([rows, vocab], [1, vocab] or None). Where rows are not exact (see
         batch_rows), or a pass would hold more rows than stay exact, segments run in smaller groups or alone.
         """
+        if self.exact_pass is not None:
+            return self._exact_group(segments)
         limit = self.batch_rows
         if len(segments) == 1 or limit == 0:
             return [self._forward_segment(seg) for seg in segments]
@@ -360,7 +376,20 @@ class Transformer(nn.Module):
                       attn_mask=tree_mask(start, seg.parents, self.device))
         return logits[-1:] if seg.logits == "last" else (None if seg.logits == "none" else logits)
 
+    def _exact_group(self, segments: list[Segment]) -> list[torch.Tensor | None]:
+        """The segments through the GPU path: one pass for all (per cache pool), logits as `forward` gives them."""
+        out = {}
+        for pool in dict.fromkeys(seg.cache.pool for seg in segments):
+            group = [seg for seg in segments if seg.cache.pool is pool]
+            for seg, scores in zip(group, self.exact_pass.run(group)):
+                seg.cache.length += seg.rows
+                wanted = {"all": scores, "last": scores[-1:], "none": None}[seg.logits]
+                out[id(seg)] = None if wanted is None else self._finish_logits(wanted)
+        return [out[id(seg)] for seg in segments]
+
     def _forward_group(self, segments: list[Segment]) -> list[torch.Tensor | None]:
+        if self.exact_pass is not None:
+            return self._exact_group(segments)
         if len(segments) == 1 and segments[0].rows > self.batch_rows:
             return [self._forward_segment(segments[0])]
         spans, positions = [], []
@@ -416,6 +445,22 @@ def tree_mask(start: int, parents: list[int], device) -> torch.Tensor:
     mask = torch.ones(size, start + size, dtype=torch.bool)
     mask[:, start:] = visible
     return mask.to(device)
+
+
+def mask_parents(attn_mask: torch.Tensor, start: int) -> list[int] | None:
+    """The parents of a token tree's rows from its mask (as tree_mask builds it); None for a causal chain. Any
+    other mask is refused: the GPU path attends a whole prefix plus a chain or a tree."""
+    mask = attn_mask.cpu()
+    visible = mask[:, start:]
+    rows = visible.shape[0]
+    if not bool(mask[:, :start].all()):
+        raise ValueError("the GPU path takes masks that show the whole prefix (a chain or a token tree)")
+    if torch.equal(visible, torch.ones(rows, rows, dtype=torch.bool).tril()):
+        return None
+    parents = [int(visible[i, :i].nonzero().max()) for i in range(1, rows)]
+    if not torch.equal(tree_mask(0, parents, "cpu"), visible):
+        raise ValueError("the GPU path takes masks that show the whole prefix (a chain or a token tree)")
+    return parents
 
 
 def tree_positions(start: int, parents: list[int], device) -> torch.Tensor:
