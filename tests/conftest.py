@@ -19,7 +19,8 @@ from testlib import SMOLLM2
 # file, ten tests and two minutes, to run last and alone). The second real model's files come after the first few:
 # on a fresh machine it is still being pulled when the tests start.
 LONGEST_FIRST = (
-    "server/test_cluster.py", "lossless/test_greedy_identity.py", "lossless/test_controls_identity.py",
+    "server/test_cluster.py", "lossless/test_greedy_identity.py", "gpu/test_triton_rows.py",
+    "gpu/test_triton_identity.py", "lossless/test_controls_identity.py",
     "lossless/test_sampling_distribution.py", "lossless/test_batch_draft.py", "models/test_hf_match.py",
     "models/test_float_gguf.py", "server/test_tool_calls.py", "server/test_shutdown.py", "models/test_loader.py",
     "test_bench.py", "server/test_structured.py", "models/test_phi3.py", "models/test_rope.py",

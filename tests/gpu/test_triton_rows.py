@@ -1,0 +1,185 @@
+"""The GPU path's kernels are row-exact: a row's logits and the keys/values it caches are bitwise the same whether
+it runs alone (a decode step), in a verify block of any size, in a token tree, in a prompt chunk, or beside other
+sequences' rows in a batch. Under Triton's interpreter on a CPU, on CUDA where there is one. Each check has broken
+twins (a split chosen from the row count, attention split by count, another tile shape at some row count) that it
+must catch."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from specdecode.gpu.exact_pass import ExactPass
+from specdecode.models.transformer import Segment, tree_mask, tree_positions
+from gpu_models import TEST_TILES, tiny_gpu_model
+from testlib import tokens_for
+
+PROMPT = 9
+BLOCKS = (2, 3, 5, 8, 16)
+SHORT_BLOCKS = (3, 8)  # the twins' and the three-layer model's (the interpreter takes ~0.2 s a row-pass)
+
+
+def steps_reference(model, tokens):
+    """Logits of every position, one decode step at a time, and the cache they leave."""
+    cache = model.new_cache()
+    return torch.cat([model(tokens[i : i + 1], cache) for i in range(len(tokens))]), cache
+
+
+def blocks_match_steps(model, blocks=BLOCKS, seed=5) -> list[str]:
+    """Mismatches of blocks against single steps: the prompt as one block, then each block size from its end."""
+    tokens = tokens_for(model, PROMPT + max(blocks), seed=seed)
+    reference, cache_ref = steps_reference(model, tokens)
+    problems = []
+    cache = model.new_cache()
+    prompt = model(tokens[:PROMPT], cache)
+    if not torch.equal(prompt, reference[:PROMPT]):
+        problems.append(f"prompt block of {PROMPT}")
+    for size in blocks:
+        cache.truncate(PROMPT)
+        got = model(tokens[PROMPT : PROMPT + size], cache)
+        if not torch.equal(got, reference[PROMPT : PROMPT + size]):
+            problems.append(f"block of {size}")
+    n = PROMPT + max(blocks)
+    if not (torch.equal(cache.keys[:, :, :n], cache_ref.keys[:, :, :n])
+            and torch.equal(cache.values[:, :, :n], cache_ref.values[:, :, :n])):
+        problems.append("cached keys/values")
+    return problems
+
+
+@pytest.mark.parametrize("name,blocks", [("qwen2-gqa-bias", BLOCKS), ("gemma3-windowed", SHORT_BLOCKS)])
+def test_every_block_size_gives_each_row_the_bits_of_its_decode_step(name, blocks):
+    """qwen2: biases, grouped heads; gemma3: per-head q/k norms, sandwich norms, GeGLU, windows of 6 with their own
+    rope base, a softcap. A prompt block, then verify blocks of 2..16 rows, against one row at a time."""
+    assert blocks_match_steps(tiny_gpu_model(name), blocks) == []
+
+
+def test_the_gpu_path_computes_the_model():
+    """The Triton pass agrees with the PyTorch reference decoder on the same weights (float32 here, so closely)."""
+    model = tiny_gpu_model("qwen3-qknorm")
+    tokens = tokens_for(model, 20, seed=2)
+    got = model(tokens, model.new_cache())
+    runner, model.exact_pass = model.exact_pass, None
+    expected = model.cpu()(tokens.cpu(), model.new_cache())
+    model.exact_pass = runner
+    assert (got.cpu() - expected).abs().max() < 1e-3 * expected.abs().max()
+
+
+def test_a_token_tree_gives_each_node_the_bits_of_its_path_as_a_chain():
+    model = tiny_gpu_model()
+    tokens = tokens_for(model, PROMPT + 6, seed=7).tolist()
+    parents = [0, 1, 0, 3, 1]  # two branches from the root, one from the first child
+    block = tokens[PROMPT : PROMPT + 6]
+    cache = model.new_cache()
+    model(torch.tensor(tokens[:PROMPT]), cache, logits="none")
+    tree = model(torch.tensor(block), cache, positions=tree_positions(PROMPT, parents, "cpu"),
+                 attn_mask=tree_mask(PROMPT, parents, "cpu"))
+    paths = [[0]]
+    for index, parent in enumerate(parents, start=1):
+        paths.append(paths[parent] + [index])
+    for node, path in enumerate(paths):
+        cache.truncate(PROMPT)
+        chain = model(torch.tensor([block[i] for i in path]), cache)
+        assert torch.equal(tree[node], chain[-1]), f"node {node} (path {path})"
+
+
+# ------------------------------------------------------------------ batches
+SHAPES = [(7, 8, "all", None), (18, 1, "all", None), (0, 6, "none", None), (12, 6, "all", [0, 1, 0, 3, 1]),
+          (9, 3, "last", None), (3, 1, "all", None)]
+
+
+def batch_of(model, shapes, seed=0):
+    out = []
+    for index, (prefix, rows, logits, parents) in enumerate(shapes):
+        tokens = tokens_for(model, prefix + rows, seed=seed + index).tolist()
+        cache = model.new_cache()
+        if prefix:
+            model(torch.tensor(tokens[:prefix]), cache, logits="none")
+        out.append(Segment(tokens[prefix:], cache, logits, parents))
+    return out
+
+
+def batch_problems(model) -> list[str]:
+    batch = batch_of(model, SHAPES)
+    solo = []
+    for seg in batch:
+        own = model.new_cache()
+        own.keys.copy_(seg.cache.keys), own.values.copy_(seg.cache.values)
+        own.length = seg.cache.length
+        solo.append((model.forward_batch([dataclasses.replace(seg, cache=own)])[0], own))
+    together = model.forward_batch(batch)
+    problems = []
+    for index, ((expected, own), got, seg) in enumerate(zip(solo, together, batch)):
+        n = own.length
+        if (expected is None) != (got is None) or (got is not None and not torch.equal(got, expected)):
+            problems.append(f"sequence {index}: logits")
+        if not (torch.equal(seg.cache.keys[:, :, :n], own.keys[:, :, :n])
+                and torch.equal(seg.cache.values[:, :, :n], own.values[:, :, :n])):
+            problems.append(f"sequence {index}: cache")
+    return problems
+
+
+def test_a_row_among_other_sequences_rows_is_the_row_alone():
+    """Six sequences in one pass: verify blocks, decode steps, a prompt chunk, a tree; each against its pass alone."""
+    assert batch_problems(tiny_gpu_model()) == []
+
+
+# ------------------------------------------------------------------ broken twins
+class SplitFromRows(ExactPass):
+    """Broken: a product's split length chosen from the row count (a 'more rows, fewer splits' heuristic)."""
+
+    def product(self, x, weight):
+        if x.shape[0] == 1:
+            return super().product(x, weight)
+        self.tiles, saved = dataclasses.replace(self.tiles, max_split=self.tiles.max_split * 2,
+                                                block_k=self.tiles.block_k * 2), self.tiles
+        try:
+            return super().product(x, weight)
+        finally:
+            self.tiles = saved
+
+
+class AttentionSplitByCount(ExactPass):
+    """Broken: attention split into a fixed number of segments (their size from the cache, not a fixed size)."""
+
+    def _attention(self, layer, index, h, meta, pool):
+        self.tiles, saved = dataclasses.replace(self.tiles, attn_split=8 if h.shape[0] > 1 else 16), self.tiles
+        try:
+            return super()._attention(layer, index, h, meta, pool)
+        finally:
+            self.tiles = saved
+
+
+class TileSwitchAtFourRows(ExactPass):
+    """Broken: another reduction tile from 4 rows on (as a library picks a kernel by shape)."""
+
+    def product(self, x, weight):
+        if x.shape[0] < 4:
+            return super().product(x, weight)
+        self.tiles, saved = dataclasses.replace(self.tiles, block_k=self.tiles.block_k // 2), self.tiles
+        try:
+            return super().product(x, weight)
+        finally:
+            self.tiles = saved
+
+
+TWINS = [SplitFromRows, AttentionSplitByCount, TileSwitchAtFourRows]
+
+
+@pytest.mark.parametrize("twin", TWINS, ids=lambda t: t.__name__)
+def test_the_block_check_catches_a_twin(twin):
+    assert blocks_match_steps(tiny_gpu_model(pass_type=twin), SHORT_BLOCKS) != []
+
+
+def test_the_batch_check_catches_a_twin():
+    assert batch_problems(tiny_gpu_model(pass_type=SplitFromRows)) != []
+
+
+def test_the_test_tiles_split_every_product_and_the_attention():
+    """The twins' mechanisms act in these tests: each product of the tiny model has several splits, and the
+    caches span several attention segments."""
+    model = tiny_gpu_model()
+    c = model.config
+    for k in (c.hidden_size, c.q_size, c.intermediate_size):
+        assert -(-k // TEST_TILES.split_size(k)) > 1
+    assert model.new_cache().max_len // TEST_TILES.attn_split >= 4
