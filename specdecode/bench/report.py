@@ -84,7 +84,7 @@ def write_report(results: dict, out_dir: Path) -> str:
         "",
         *_command_lines(c),
         "",
-        f"Target {c['target']} ({c['target_dtype']}), draft {c['draft']} ({c['draft_dtype']}), K={c['k']},"
+        f"Target {c['target']} ({c['target_dtype']}) on {c.get('device', 'an unrecorded device')}, draft {c['draft']} ({c['draft_dtype']}), K={c['k']},"
         f" max {c['max_new_tokens']} new tokens, temperature {c['temperature']}. Speedup = tokens/s against plain"
         " decoding of the same target in the same process (aggregate over all prompts; median and worst of the per-prompt ratios beside it)."
         " Decode speedup leaves out the target's prompt prefill, which is the same work for every method (a draft"

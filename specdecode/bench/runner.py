@@ -241,6 +241,7 @@ def run_bench_cli(args) -> int:
         "suite": args.suite, "limit": args.limit, "offset": args.offset, "categories": categories, "methods": methods, "k": k,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "repeats": args.repeats,
         "target": engine.target.name, "target_dtype": engine.target.precision,
+        "device": device_description(getattr(engine.target.model, "device", None)),
         "draft": engine.draft.name if engine.draft else None, "draft_dtype": engine.draft.dtype if engine.draft else None,
         "auto_draft_model": engine.auto_draft_model,
         "wall_seconds": time.time() - started,
@@ -262,3 +263,23 @@ def run_bench_cli(args) -> int:
     report = write_report(results, out_dir)
     print(report)
     return 0
+
+
+def device_description(device) -> str:
+    """What ran the target: the GPU's name, or the CPU's model and the int8 kernel's instruction-set paths."""
+    import platform
+
+    import torch
+
+    if device is not None and device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    from .. import kernels
+
+    paths = kernels.quant_isa_paths()
+    return f"cpu: {name}" + (f" (int8 paths {', '.join(paths)})" if paths else "")

@@ -1,0 +1,573 @@
+"""The GPU device check: exactness and speed of the Triton path, peers in the same run (scripts/gpu_check.sh).
+
+Models with random weights in the real shapes of Qwen2.5 0.5B / 1.5B / 7B are built on the device (no weights
+travel), as transformers models first and then converted, so that both engines run the same weights. Parts:
+- exact: rows of blocks of 1..64 rows and of a prompt chunk against single steps, bitwise; batches of 1..16
+  sequences against each sequence alone; every drafter's greedy output and seeded chain drafters' output against
+  plain decoding; 8 staggered batched requests against their solo outputs;
+- speed: plain decoding per shape next to its bandwidth bound; verify blocks of 1..16 rows in single steps; the
+  batched aggregate at 1..32 requests; the draft step in target steps; transformers' generate (static cache),
+  assisted generation and prompt lookup on the same models; our products and attention against cuBLAS and SDPA.
+Each part writes its table to OUT/report.md as it finishes (and its numbers to OUT/results.json), and a part that
+fails is reported without stopping the others. `--tiny` runs everything on tiny shapes (on a CPU: Triton's
+interpreter), to try the script itself without a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if __name__ == "__main__" and "--tiny" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+
+SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+}
+TINY = {
+    "0.5b": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),
+    "1.5b": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True),
+    "7b": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=1, vocab_size=512, tie_word_embeddings=False),
+}
+
+
+class Report:
+    def __init__(self, out: Path):
+        self.out = out
+        self.results: dict = {}
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text("")
+
+    def section(self, name: str, lines: list[str], data) -> None:
+        self.results[name] = data
+        text = f"\n## {name}\n\n" + "\n".join(lines) + "\n"
+        print(text, flush=True)
+        with open(self.out / "report.md", "a") as f:
+            f.write(text)
+        (self.out / "results.json").write_text(json.dumps(self.results, indent=1, default=str))
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+# --tiny: one timing each (the interpreter's timings mean nothing, the script's flow is what is tried)
+QUICK = False
+
+
+def timed(fn, repeats: int = 10, warmup: int = 2) -> float:
+    """Median seconds of fn() (synchronized)."""
+    if QUICK:
+        repeats, warmup = 1, 0
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------- models
+def hf_model(shape: dict, seed: int, device):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**shape, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+                         head_dim=shape["hidden_size"] // shape["num_attention_heads"])
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # larger than the 0.02 init, so that random models' logits are not all near-ties
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.normal_(0.0, 0.05 if "bias" not in name else 0.2)
+    return model.to(torch.bfloat16).eval()
+
+
+def native(hf, device, dtype=torch.bfloat16):
+    from specdecode.models.hf_loader import native_from_hf
+    from specdecode.models.loader import _finish_native
+
+    model = native_from_hf(hf.config.to_dict(), dict(hf.state_dict()), device, dtype, max_positions=4096)
+    return _finish_native(model, dtype)
+
+
+def attach_if_cpu(model, tiny: bool):
+    if model.exact_pass is None and tiny:
+        from specdecode import gpu
+
+        assert gpu.attach(model) is None
+    return model
+
+
+def weight_bytes(model) -> int:
+    """Bytes a decode step reads: every layer matrix and the output head (an embedding row is negligible)."""
+    total = sum(p.numel() * p.element_size() for layer in model.layers for p in (layer.qkv, layer.out_proj,
+                                                                                layer.gate_up, layer.down))
+    head = model.output_weight()
+    return total + head.numel() * 2
+
+
+# ---------------------------------------------------------------------- exactness
+def check_rows(report, model, name, tiny):
+    """Blocks of 1..64 rows and a 100-row prompt chunk against single steps; batches of 1..16 sequences."""
+    from specdecode.models.transformer import Segment
+
+    prompt, longest = (12, 6) if tiny else (100, 64)
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, model.config.vocab_size, (prompt + longest,), generator=gen)
+    cache = model.new_cache(1024)
+    steps = torch.cat([model(tokens[i : i + 1].to(model.device), cache) for i in range(len(tokens))])
+    ref_keys = cache.keys[:, :, : len(tokens)].clone()
+    bad = []
+    cache = model.new_cache(1024)
+    if not torch.equal(model(tokens[:prompt].to(model.device), cache), steps[:prompt]):
+        bad.append(f"prompt chunk of {prompt}")
+    for rows in range(1, longest + 1):
+        cache.truncate(prompt)
+        got = model(tokens[prompt : prompt + rows].to(model.device), cache)
+        if not torch.equal(got, steps[prompt : prompt + rows]):
+            bad.append(f"block of {rows}")
+    if not torch.equal(cache.keys[:, :, : len(tokens)], ref_keys):
+        bad.append("cached keys")
+    # batches: b sequences (decode steps, verify blocks and a prompt chunk mixed) against each alone
+    batch_bad = []
+    for b in (1, 3) if tiny else (1, 2, 4, 8, 12, 16):
+        segs, solos = [], []
+        for i in range(b):
+            length = 5 + 7 * i if tiny else 20 + 37 * i % 300
+            rows = (1, 4, 9, 16, 3, 33)[i % 6]
+            seq = torch.randint(0, model.config.vocab_size, (length + rows,), generator=gen).tolist()
+            own, mine = model.new_cache(1024), model.new_cache(1024)
+            model(torch.tensor(seq[:length], device=model.device), own, logits="none")
+            mine.keys.copy_(own.keys), mine.values.copy_(own.values)
+            mine.length = own.length
+            solos.append(model(torch.tensor(seq[length:], device=model.device), own))
+            segs.append(Segment(seq[length:], mine))
+        for i, (got, want) in enumerate(zip(model.forward_batch(segs), solos)):
+            if not torch.equal(got, want):
+                batch_bad.append(f"batch of {b}: sequence {i}")
+    ok = not bad and not batch_bad
+    report.section(f"exact rows ({name})", [
+        f"- blocks of 1..{longest} rows and a {prompt}-row prompt chunk vs single steps, bitwise: "
+        + ("all equal" if not bad else "DIFFER: " + ", ".join(bad)),
+        "- batches of 1, 2, 4, 8, 12, 16 sequences (steps, blocks of 4-33 rows) vs each alone: "
+        + ("all equal" if not batch_bad else "DIFFER: " + ", ".join(batch_bad[:10]))],
+        dict(ok=ok, blocks=bad, batches=batch_bad))
+
+
+def check_identity(report, target, draft, strong, tiny):
+    """Every drafter (greedy) and the chain drafters (seeded) against plain decoding; 8 staggered requests."""
+    from specdecode.batch import BatchEngine
+    from specdecode.engine import Engine
+    from specdecode.sampling import SamplingParams
+    from testlib import as_loaded, fake_tokenizer
+
+    tok = fake_tokenizer(target.config.vocab_size)
+    weak_engine = Engine(as_loaded(target, tok, "target"), as_loaded(draft, tok, "draft"), max_context=1024)
+    strong_engine = Engine(as_loaded(target, tok, "target"), as_loaded(strong, tok, "strong"), max_context=1024)
+    gen = torch.Generator().manual_seed(5)
+    body = torch.randint(0, target.config.vocab_size, (40,), generator=gen).tolist()
+    prompt = body + body[:20] + body  # repeats, so copying drafters find something
+    new = 6 if tiny else 64
+    rows, bad = [], []
+    for sampled in (False, True):
+        sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=3) if sampled else SamplingParams()
+        plain = weak_engine.generate(prompt, drafter="none", max_new_tokens=new, sampling=sampling).token_ids
+        drafters = ["draft", "lookup", "suffix", "auto"] + ([] if sampled else ["tree"])
+        for engine, label in ((weak_engine, "0.5b draft"), (strong_engine, "strong draft")):
+            for drafter in drafters:
+                if engine is strong_engine and drafter in ("lookup", "suffix"):
+                    continue
+                result = engine.generate(prompt, drafter=drafter, k=4 if drafter != "auto" else "auto",
+                                         max_new_tokens=new, sampling=sampling)
+                same = result.token_ids == plain
+                rows.append(f"| {'seeded' if sampled else 'greedy'} | {drafter} ({label}) | {result.stats.drafted} |"
+                            f" {result.stats.accepted} | {'identical' if same else 'DIFFERS'} |")
+                if not same:
+                    bad.append(f"{drafter} {label} {'seeded' if sampled else 'greedy'}")
+    prompts = [prompt[i * 7 :] + body[: i + 3] for i in range(8)]
+    settings = [dict(drafter=d, k=3, sampling=SamplingParams(temperature=0.7, seed=i) if i % 2 else SamplingParams())
+                for i, d in enumerate(["none", "draft", "lookup", "suffix", "draft", "lookup", "none", "draft"])]
+    solo = [strong_engine.generate(p, max_new_tokens=new // 2, **{**s, "drafter": "none"}).token_ids
+            for p, s in zip(prompts, settings)]
+    batch = BatchEngine(strong_engine, max_batch=8, prefill_rows=64)
+    tickets = [batch.submit(prompts[0], max_new_tokens=new // 2, **settings[0])]
+    for p, s in zip(prompts[1:], settings[1:]):
+        batch.step()
+        tickets.append(batch.submit(p, max_new_tokens=new // 2, **s))
+    batch.run()
+    staggered = [t.result().token_ids for t in tickets]
+    if staggered != solo:
+        bad.append("staggered batch")
+    report.section("exact outputs (1.5B shape target)", [
+        "| decoding | drafter | drafted | accepted | vs plain |", "|---|---|---|---|---|", *rows, "",
+        f"- 8 staggered batched requests (none/draft/lookup/suffix, half seeded) vs solo plain: "
+        f"{'all identical' if staggered == solo else 'DIFFER'} ({batch.passes} shared passes)"],
+        dict(ok=not bad, bad=bad))
+
+
+# ---------------------------------------------------------------------- speed
+def copy_bandwidth(report, device) -> float:
+    if device.type != "cuda":
+        report.section("device", ["- no CUDA device: speed figures are the interpreter's, meaningless"], {})
+        return 1e9
+    size = 2 << 30
+    src = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = timed(lambda: dst.copy_(src), repeats=10)
+    bandwidth = 2 * size / seconds
+    props = torch.cuda.get_device_properties(device)
+    import triton
+    import transformers
+
+    report.section("device", [f"- {props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB;"
+                              f" torch {torch.__version__}, triton {triton.__version__}, transformers"
+                              f" {transformers.__version__}",
+                              f"- device-to-device copy: {bandwidth / 1e12:.2f} TB/s (bytes read + written)"],
+                   dict(bandwidth=bandwidth, name=props.name))
+    return bandwidth
+
+
+def plain_speed(model, tokens: int, prompt_len: int = 64) -> float:
+    """Decode tokens/s of plain decoding (graph replays, argmax each step), after a prompt."""
+    prompt_len = 8 if QUICK else prompt_len
+    cache = model.new_cache(1024)
+    prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), device=model.device)
+    model(prompt, cache, logits="none")
+    token = torch.zeros(1, dtype=torch.long, device=model.device)
+    for _ in range(3):
+        next_token = model(token, cache).argmax(-1)
+    cache.truncate(prompt_len)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        token = torch.tensor([int(model(token, cache).argmax(-1))], device=model.device)
+    sync()
+    del next_token
+    return tokens / (time.perf_counter() - t0)
+
+
+def engine_plain_speed(model, tokens: int) -> float:
+    from specdecode.engine import Engine
+    from testlib import as_loaded, fake_tokenizer
+
+    engine = Engine(as_loaded(model, fake_tokenizer(model.config.vocab_size)), max_context=1024)
+    prompt = torch.randint(0, model.config.vocab_size, (8 if QUICK else 64,)).tolist()
+    engine.generate(prompt, drafter="none", max_new_tokens=4)
+    engine.reset()
+    result = engine.generate(prompt, drafter="none", max_new_tokens=tokens)
+    stats = result.stats
+    return stats.generated_tokens / max(1e-9, stats.time_total - stats.time_prefill)
+
+
+def block_costs(model, sizes) -> dict[int, float]:
+    """Median seconds of a pass of each row count after 256 positions."""
+    before = 8 if QUICK else 256
+    cache = model.new_cache(1024)
+    model(torch.randint(0, model.config.vocab_size, (before,), device=model.device), cache, logits="none")
+    out = {}
+    for rows in sizes:
+        block = torch.randint(0, model.config.vocab_size, (rows,), device=model.device)
+
+        def one_pass():
+            cache.truncate(before)
+            model(block, cache).argmax(-1)
+
+        out[rows] = timed(one_pass, repeats=15)
+    return out
+
+
+def batched_aggregate(engine, requests: int, tokens: int) -> float:
+    from specdecode.batch import BatchEngine
+
+    gen = torch.Generator().manual_seed(requests)
+    prompts = [torch.randint(0, engine.target.vocab_size, (32,), generator=gen).tolist() for _ in range(requests)]
+    batch = BatchEngine(engine, max_batch=requests, prefill_rows=256)
+    t0 = time.perf_counter()
+    results = batch.generate_many(prompts, drafter="none", max_new_tokens=tokens)
+    return sum(len(r.token_ids) for r in results) / (time.perf_counter() - t0)
+
+
+def hf_speed(hf, tokens: int, prompt_len: int = 64, **kwargs) -> float:
+    """Decode tokens/s of transformers' generate (its prefill timed apart and subtracted)."""
+    ids = torch.randint(0, hf.config.vocab_size, (1, prompt_len), device=hf.device)
+    common = dict(do_sample=False, pad_token_id=0, eos_token_id=None, **kwargs)
+    hf.generate(ids, max_new_tokens=4, min_new_tokens=4, **common)  # warm up
+    sync()
+    t0 = time.perf_counter()
+    hf.generate(ids, max_new_tokens=1, min_new_tokens=1, **common)
+    sync()
+    prefill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = hf.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **common)
+    sync()
+    return (out.shape[1] - prompt_len - 1) / max(1e-9, time.perf_counter() - t0 - prefill)
+
+
+def exactness_cost(report, model, name, device):
+    """Our products and attention against cuBLAS (F.linear) and SDPA on the same shapes."""
+    import torch.nn.functional as F
+
+    c = model.config
+    runner = model.exact_pass
+    layer = model.layers[0]
+    lines = ["| rows | ours: 4 products of a layer | cuBLAS | ratio | ours: attention (1024 keys) | SDPA | ratio |",
+             "|---|---|---|---|---|---|---|"]
+    data = {}
+    cache = model.new_cache(2048)
+    context = 32 if QUICK else 1024
+    model(torch.randint(0, c.vocab_size, (context,), device=device), cache, logits="none")
+    for rows in (1, 8) if QUICK else (1, 8, 16, 64):
+        x = torch.randn(rows, c.hidden_size, device=device, dtype=torch.bfloat16)
+        a = torch.randn(rows, c.intermediate_size, device=device, dtype=torch.bfloat16)
+        o = torch.randn(rows, c.q_size, device=device, dtype=torch.bfloat16)
+        mats = [(x, layer.qkv), (o, layer.out_proj), (x, layer.gate_up), (a, layer.down)]
+        ours = timed(lambda: [runner.product(inp, w) for inp, w in mats], repeats=20)
+        theirs = timed(lambda: [F.linear(inp, w) for inp, w in mats], repeats=20)
+        q = torch.randn(1, c.n_heads, rows, c.head_dim, device=device, dtype=torch.bfloat16)
+        keys = cache.keys[0, :, :context][None]
+        values = cache.values[0, :, :context][None]
+        sdpa = timed(lambda: F.scaled_dot_product_attention(q, keys, values, enable_gqa=True), repeats=20)
+        attn = timed(lambda: attention_only(model, cache, rows, context), repeats=20)
+        data[rows] = dict(ours=ours, cublas=theirs, attention=attn, sdpa=sdpa)
+        lines.append(f"| {rows} | {ours * 1e6:.0f} us | {theirs * 1e6:.0f} us | {ours / theirs:.2f} |"
+                     f" {attn * 1e6:.0f} us | {sdpa * 1e6:.0f} us | {attn / sdpa:.2f} |")
+    lines.append("\n(eager launches for both, one layer's shapes; ours includes the split partial sums, not the"
+                 " reduction that the next kernel fuses)")
+    report.section(f"cost of exactness ({name})", lines, data)
+
+
+def attention_only(model, cache, rows, context):
+    from specdecode.gpu.exact_pass import pass_metadata
+    from specdecode.models.transformer import Segment
+
+    runner, c = model.exact_pass, model.config
+    cache.truncate(context - rows)
+    meta = pass_metadata([Segment([0] * rows, cache)], rows, 1).to(model.device)
+    q = torch.randn(rows, c.n_heads, c.head_dim, device=model.device, dtype=runner.act_dtype)
+    return runner.attend(model.layers[0], 0, q, meta, cache.pool)
+
+
+def check_loader(report, hf, model, out: Path):
+    """A user's way in: a Hugging Face folder through load_model on the device gets the Triton path, and the same
+    logits as the model converted in memory."""
+    import shutil
+
+    from specdecode.models.loader import load_model
+
+    folder = out / "hf-folder"
+    hf.save_pretrained(folder)
+    try:
+        loaded = load_model(str(folder), device=model.device, dtype="bfloat16", max_context=1024)
+        attach_if_cpu(loaded.model, model.device.type == "cpu")
+        ids = torch.randint(0, hf.config.vocab_size, (50,), device=model.device)
+        same = torch.equal(loaded.model(ids, loaded.model.new_cache()), model(ids, model.new_cache(1024)))
+        report.section("load_model on the device", [
+            f"- a saved Hugging Face folder, load_model(device={model.device.type}, dtype=bfloat16): precision"
+            f" '{loaded.precision}', {loaded.load_seconds:.1f} s; logits of 50 positions"
+            f" {'equal' if same else 'DIFFER from'} the in-memory conversion's"], dict(ok=same))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def check_against_transformers(report, model, hf, name):
+    """The Triton pass computes the model: logits against transformers' on the same bf16 weights."""
+    ids = torch.randint(0, hf.config.vocab_size, (1, 200), device=hf.device)
+    with torch.no_grad():
+        theirs = hf(ids).logits[0].float()
+    ours = model(ids[0], model.new_cache(1024))
+    gap = float((ours - theirs).abs().max() / theirs.abs().max())
+    top1 = float((ours.argmax(-1) == theirs.argmax(-1)).float().mean())
+    report.section(f"agreement with transformers ({name})", [
+        f"- 200 positions: max |ours - transformers| / max |transformers| = {gap:.4f}; top-1 agreement {top1:.1%}"
+        " (bf16 weights and activations in both, summed in different orders)"], dict(gap=gap, top1=top1))
+
+
+# Fixed tile choices to compare (block_n, max_split, warps, stages, attn_split): any one of them, fixed for the
+# process, is row-exact; the defaults are the first.
+PASS_VARIANTS = [(64, 512, 4, 3, 256), (64, 512, 4, 3, 128), (64, 512, 4, 3, 64), (128, 512, 4, 3, 128),
+                 (64, 256, 4, 3, 128), (64, 1024, 4, 4, 128), (32, 512, 4, 3, 128), (64, 512, 8, 3, 128)]
+
+
+def tile_sweep(report, models, bandwidth, tiny):
+    """Whole passes (1 and 8 rows after 256 positions, graph replays) under other fixed tiles: the data for choosing
+    the defaults by measurement."""
+    from specdecode.gpu.exact_pass import ExactPass, Tiles
+
+    lines = ["| block_n | max split | warps | stages | attention split | " + " | ".join(
+        f"{name} 1 row | {name} 8 rows" for name in models) + " |", "|---" * (5 + 2 * len(models)) + "|"]
+    data = []
+    for variant in PASS_VARIANTS[:2] if tiny else PASS_VARIANTS:
+        block_n, max_split, warps, stages, attn_split = variant
+        tiles = Tiles(block_n=block_n, max_split=max_split, warps=warps, stages=stages, attn_split=attn_split)
+        cells = []
+        for model in models.values():
+            saved, model.exact_pass = model.exact_pass, ExactPass(model, tiles)
+            try:
+                costs = block_costs(model, [1, 8])
+                bound = weight_bytes(model) / bandwidth
+                cells += [f"{costs[1] * 1e3:.3f} ms ({bound / costs[1]:.0%})", f"{costs[8] * 1e3:.3f} ms"]
+                data.append(dict(variant=variant, shape=model.config.hidden_size, step=costs[1], rows8=costs[8]))
+            except Exception as exc:  # noqa: BLE001  a tile the compiler refuses is reported, not fatal
+                cells += ["failed", "failed"]
+                print(f"tiles {variant}: {exc}", flush=True)
+            finally:
+                model.exact_pass = saved
+        lines.append("| " + " | ".join(str(v) for v in variant) + " | " + " | ".join(cells) + " |")
+    lines.append("\n(percent: the bandwidth bound's share of the step, i.e. the fraction of the bound reached)")
+    report.section("whole passes under other fixed tiles", lines, data)
+
+
+def speed(report, models, hfs, bandwidth, tiny):
+    tokens = 4 if tiny else 128
+    lines = ["| shape | weights read per token | bandwidth bound | specdecode plain | % of bound |"
+             " transformers generate (static cache) | ratio |", "|---|---|---|---|---|---|---|"]
+    data = {}
+    for name, model in models.items():
+        bound = bandwidth / weight_bytes(model)
+        ours = plain_speed(model, tokens)
+        engine_speed = engine_plain_speed(model, tokens)
+        try:
+            theirs = hf_speed(hfs[name], tokens, cache_implementation="static", disable_compile=True)
+        except Exception as exc:  # noqa: BLE001  a peer's failure is reported, not fatal
+            theirs = float("nan")
+            print(f"transformers static cache failed on {name}: {exc}", flush=True)
+        data[name] = dict(bound=bound, ours=ours, engine=engine_speed, hf_static=theirs)
+        lines.append(f"| {name} | {weight_bytes(model) / 1e9:.2f} GB | {bound:.0f} tok/s | {ours:.1f} tok/s"
+                     f" (engine {engine_speed:.1f}) | {100 * ours / bound:.0f}% | {theirs:.1f} tok/s |"
+                     f" {ours / theirs:.2f}x |")
+    lines.append("\n(specdecode: a loop of single steps and argmax; engine: Engine.generate with drafter none, its"
+                 " stop checks, statistics and detokenizing included)")
+    report.section("plain decoding", lines, data)
+
+    target, draft = models["1.5b"], models["0.5b"]
+    costs = block_costs(target, (1, 2, 4) if tiny else range(1, 17))
+    draft_step = block_costs(draft, [1])[1]
+    lines = ["| rows | " + " | ".join(str(r) for r in costs) + " |", "|---" * (len(costs) + 1) + "|",
+             "| single steps | " + " | ".join(f"{costs[r] / costs[1]:.2f}" for r in costs) + " |", "",
+             f"- one step of the 1.5B shape: {costs[1] * 1e3:.2f} ms; the 0.5B draft's step: {draft_step * 1e3:.2f} ms"
+             f" = {draft_step / costs[1]:.2f} target steps"]
+    report.section("verify blocks (1.5B shape, after 256 positions)", lines,
+                   dict(costs=costs, draft_step=draft_step))
+
+    from specdecode.engine import Engine
+    from testlib import as_loaded, fake_tokenizer
+
+    engine = Engine(as_loaded(target, fake_tokenizer(target.config.vocab_size)), max_context=1024)
+    per = {}
+    for requests in (1, 4) if tiny else (1, 4, 8, 16, 32):
+        per[requests] = batched_aggregate(engine, requests, 4 if tiny else 64)
+    lines = ["| requests | " + " | ".join(str(r) for r in per) + " |", "|---" * (len(per) + 1) + "|",
+             "| tok/s, all requests | " + " | ".join(f"{v:.0f}" for v in per.values()) + " |",
+             "| x one request | " + " | ".join(f"{v / per[1]:.1f}" for v in per.values()) + " |"]
+    report.section("batched plain decoding (1.5B shape, 64 tokens each, prompts of 32)", lines, per)
+
+    hf_t, hf_d = hfs["1.5b"], hfs["0.5b"]
+    rows = {}
+    for label, kwargs in (("plain (dynamic cache)", {}), ("static cache", dict(cache_implementation="static",
+                                                                              disable_compile=True)),
+                          ("assisted, 0.5B draft", dict(assistant_model=hf_d)),
+                          ("prompt lookup", dict(prompt_lookup_num_tokens=10))):
+        try:
+            rows[label] = hf_speed(hf_t, tokens, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            rows[label] = float("nan")
+            print(f"transformers {label} failed: {exc}", flush=True)
+    lines = ["| transformers on the 1.5B shape | decode tok/s |", "|---|---|",
+             *[f"| {k} | {v:.1f} |" for k, v in rows.items()],
+             f"| specdecode plain (for reference) | {data['1.5b']['ours']:.1f} |"]
+    report.section("transformers' generate modes (random weights: their drafts are rarely accepted)", lines, rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="gpu-check-out")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU runs them through Triton's interpreter)")
+    parser.add_argument("--parts", default="exact,speed,cost,7b,tiles")
+    parser.add_argument("--budget", type=float, default=330.0,
+                        help="seconds after which no further part starts (the parts run in order of importance)")
+    args = parser.parse_args()
+    global QUICK
+    QUICK = args.tiny
+    if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter's overflow checks cost most of its time
+        import dataclasses
+
+        from triton.runtime import interpreter
+
+        builder = interpreter.interpreter_builder
+        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+    report = Report(Path(args.out))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = TINY if args.tiny else SHAPES
+    parts = set(args.parts.split(","))
+    started = time.perf_counter()
+    bandwidth = copy_bandwidth(report, device)
+    hfs = {name: hf_model(shapes[name], seed, device) for name, seed in (("1.5b", 1), ("0.5b", 2))}
+    models = {name: attach_if_cpu(native(hf, device), args.tiny) for name, hf in hfs.items()}
+    print(f"models built in {time.perf_counter() - started:.0f}s", flush=True)
+
+    def run(part, fn, *a):
+        if part not in parts:
+            return
+        if time.perf_counter() - started > args.budget:
+            report.section(f"{part}: skipped", [f"- over the {args.budget:.0f} s budget"], "skipped")
+            return
+        t0 = time.perf_counter()
+        try:
+            fn(*a)
+        except Exception:  # noqa: BLE001  one part's failure must not hide the others' results
+            report.section(f"{part}: FAILED", ["```", traceback.format_exc()[-3000:], "```"], "failed")
+        print(f"[{part}: {time.perf_counter() - t0:.0f}s, {time.perf_counter() - started:.0f}s in all]", flush=True)
+
+    run("exact", check_against_transformers, report, models["1.5b"], hfs["1.5b"], "1.5B shape")
+    run("exact", check_rows, report, models["1.5b"], "1.5B shape", args.tiny)
+    run("exact", check_loader, report, hfs["0.5b"], models["0.5b"], Path(args.out))
+    strong = None
+    if "exact" in parts:
+        strong = attach_if_cpu(native(hf_perturbed(hfs["1.5b"]), device), args.tiny)
+    run("exact", check_identity, report, models["1.5b"], models["0.5b"], strong, args.tiny)
+    del strong
+    if "7b" in parts:
+        hfs["7b"] = hf_model(shapes["7b"], 3, device)
+        models["7b"] = attach_if_cpu(native(hfs["7b"], device), args.tiny)
+    run("speed", speed, report, models, hfs, bandwidth, args.tiny)
+    run("cost", exactness_cost, report, models["1.5b"], "1.5B shape", device)
+    if "7b" in models:
+        run("cost", exactness_cost, report, models["7b"], "7B shape", device)
+    run("tiles", tile_sweep, report, {k: v for k, v in models.items() if k != "0.5b"}, bandwidth, args.tiny)
+    print(f"done in {time.perf_counter() - started:.0f}s", flush=True)
+
+
+def hf_perturbed(hf):
+    """A copy of `hf` with a little noise on every weight: a draft that agrees with it most of the time."""
+    import copy
+
+    twin = copy.deepcopy(hf)
+    with torch.no_grad():
+        for param in twin.parameters():
+            param.add_((0.02 * param.float().abs().mean() * torch.randn_like(param.float())).to(param.dtype))
+    return twin
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The GPU device check: exactness and speed of the Triton path on random-weight models in the shapes of Qwen2.5
+# 0.5B, 1.5B and 7B, with transformers' generate modes on the same models in the same run (scripts/gpu_check.py).
+# Needs a CUDA device with torch, triton and transformers installed; installs nothing and downloads nothing.
+# Writes report.md, results.json and log.txt to $OUT (default gpu-check-out/). Extra arguments go to the script
+# (--parts exact,speed,cost,7b picks parts; --tiny tries the script itself on tiny shapes without a GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-check-out}
+mkdir -p "$out"
+PYTHONPATH=".:tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py --out "$out" "$@" \
+  2>&1 | tee "$out/log.txt"
