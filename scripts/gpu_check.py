@@ -87,8 +87,25 @@ def timed(fn, repeats: int = 10, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def graph_timed(fn, inner: int = 10, repeats: int = 20) -> float:
+    """Device seconds of one fn(): `inner` calls captured in one CUDA graph, its replays timed, so that launching
+    from Python does not decide the figure (eager launches of small kernels take longer than the kernels)."""
+    if not torch.cuda.is_available():
+        return timed(fn, repeats)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    return timed(graph.replay, repeats) / inner
+
+
 # ---------------------------------------------------------------------- models
-def hf_model(shape: dict, seed: int, device):
+def hf_model(shape: dict, seed: int, device, std: float = 0.05, dtype=torch.bfloat16):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(**shape, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
@@ -99,8 +116,8 @@ def hf_model(shape: dict, seed: int, device):
     with torch.no_grad():  # larger than the 0.02 init, so that random models' logits are not all near-ties
         for name, param in model.named_parameters():
             if "norm" not in name:
-                param.normal_(0.0, 0.05 if "bias" not in name else 0.2)
-    return model.to(torch.bfloat16).eval()
+                param.normal_(0.0, std if "bias" not in name else 0.2)
+    return model.to(dtype).eval()
 
 
 def native(hf, device, dtype=torch.bfloat16):
@@ -325,8 +342,12 @@ def hf_speed(hf, tokens: int, prompt_len: int = 64, **kwargs) -> float:
 
 
 def exactness_cost(report, model, name, device):
-    """Our products and attention against cuBLAS (F.linear) and SDPA on the same shapes."""
+    """Our products (with their split sums added back) and attention against cuBLAS (F.linear) and SDPA on the same
+    shapes, each timed as CUDA graph replays."""
     import torch.nn.functional as F
+
+    from specdecode.gpu.exact_pass import pass_metadata
+    from specdecode.models.transformer import Segment
 
     c = model.config
     runner = model.exact_pass
@@ -342,19 +363,92 @@ def exactness_cost(report, model, name, device):
         a = torch.randn(rows, c.intermediate_size, device=device, dtype=torch.bfloat16)
         o = torch.randn(rows, c.q_size, device=device, dtype=torch.bfloat16)
         mats = [(x, layer.qkv), (o, layer.out_proj), (x, layer.gate_up), (a, layer.down)]
-        ours = timed(lambda: [runner.product(inp, w) for inp, w in mats], repeats=20)
-        theirs = timed(lambda: [F.linear(inp, w) for inp, w in mats], repeats=20)
-        q = torch.randn(1, c.n_heads, rows, c.head_dim, device=device, dtype=torch.bfloat16)
+        ours = graph_timed(lambda: [product_and_sum(runner, inp, w) for inp, w in mats])
+        theirs = graph_timed(lambda: [F.linear(inp, w) for inp, w in mats])
+        q4 = torch.randn(1, c.n_heads, rows, c.head_dim, device=device, dtype=torch.bfloat16)
         keys = cache.keys[0, :, :context][None]
         values = cache.values[0, :, :context][None]
-        sdpa = timed(lambda: F.scaled_dot_product_attention(q, keys, values, enable_gqa=True), repeats=20)
-        attn = timed(lambda: attention_only(model, cache, rows, context), repeats=20)
+        sdpa = graph_timed(lambda: F.scaled_dot_product_attention(q4, keys, values, enable_gqa=True))
+        cache.truncate(context - rows)
+        meta = pass_metadata([Segment([0] * rows, cache)], rows, 1).to(device)
+        q = torch.randn(rows, c.n_heads, c.head_dim, device=device, dtype=runner.act_dtype)
+        attn = graph_timed(lambda: runner.attend(layer, 0, q, meta, cache.pool))
+        cache.length = context
         data[rows] = dict(ours=ours, cublas=theirs, attention=attn, sdpa=sdpa)
-        lines.append(f"| {rows} | {ours * 1e6:.0f} us | {theirs * 1e6:.0f} us | {ours / theirs:.2f} |"
-                     f" {attn * 1e6:.0f} us | {sdpa * 1e6:.0f} us | {attn / sdpa:.2f} |")
-    lines.append("\n(eager launches for both, one layer's shapes; ours includes the split partial sums, not the"
-                 " reduction that the next kernel fuses)")
+        lines.append(f"| {rows} | {ours * 1e6:.1f} us | {theirs * 1e6:.1f} us | {ours / theirs:.2f} |"
+                     f" {attn * 1e6:.1f} us | {sdpa * 1e6:.1f} us | {attn / sdpa:.2f} |")
+    lines.append("\n(CUDA graph replays of 10 calls each; ours adds each product's splits back in order, which the"
+                 " real pass fuses into the next kernel; SDPA without the causal mask of a block)")
     report.section(f"cost of exactness ({name})", lines, data)
+
+
+def product_and_sum(runner, x, weight):
+    part, splits = runner.product(x, weight)
+    rows, n = x.shape[0], weight.shape[0]
+    out = torch.empty(rows, n, dtype=torch.float32, device=x.device)
+    runner.k.reduce_kernel[(rows, -(-n // 1024))](part, part, out, rows, n, splits, HAS_BIAS=False, BLOCK=1024)
+    return out
+
+
+def profile_pass(report, models):
+    """Where a single-row pass spends its device time: one eager pass's kernels under torch.profiler (the captured
+    pass replays the same kernels without the launch gaps), against the graph replay's wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for name, model in models.items():
+        runner = model.exact_pass
+        cache = model.new_cache(1024)
+        model(torch.randint(0, model.config.vocab_size, (256,), device=model.device), cache, logits="none")
+        token = torch.zeros(1, dtype=torch.long, device=model.device)
+
+        def one_pass():
+            cache.truncate(256)
+            model(token, cache)
+
+        replay = timed(one_pass, repeats=20)
+        saved, runner.graphs = runner.graphs, False
+        try:
+            for _ in range(3):
+                one_pass()
+            sync()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    one_pass()
+                sync()
+        finally:
+            runner.graphs = saved
+        rows = []
+        for event in prof.key_averages():
+            device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+            if device_us:
+                rows.append((device_us / 5, event.count / 5, event.key))
+        rows.sort(reverse=True)
+        total = sum(r[0] for r in rows)
+        lines = [f"- graph replay of a 1-row pass after 256 positions: {replay * 1e3:.3f} ms; the same pass's kernels"
+                 f" sum to {total / 1e3:.3f} ms of device time", "", "| kernel | us per pass | launches per pass |",
+                 "|---|---|---|"]
+        lines += [f"| {key[:60]} | {us:.1f} | {count:.0f} |" for us, count, key in rows[:14]]
+        report.section(f"profile of a step ({name})", lines, dict(replay=replay, total_us=total, rows=rows[:30]))
+
+
+def check_agreement_float32(report, shape, device):
+    """Whether a gap to transformers is the model's chaos or a bug: the same check in float32 (IEEE products in
+    ours), and in bfloat16 with transformers' own initial scale (0.02)."""
+    lines, data = [], {}
+    for label, std, dtype in (("float32, std 0.05", 0.05, torch.float32), ("bfloat16, std 0.02", 0.02, torch.bfloat16)):
+        hf = hf_model(shape, 1, device, std=std, dtype=dtype)
+        model = native(hf, device, dtype=dtype)
+        ids = torch.randint(0, hf.config.vocab_size, (1, 200), device=hf.device)
+        with torch.no_grad():
+            theirs = hf(ids).logits[0].float()
+        ours = model(ids[0], model.new_cache(1024))
+        gap = float((ours - theirs).abs().max() / theirs.abs().max())
+        top1 = float((ours.argmax(-1) == theirs.argmax(-1)).float().mean())
+        data[label] = dict(gap=gap, top1=top1)
+        lines.append(f"- {label}: max |ours - transformers| / max |transformers| = {gap:.2e}; top-1 agreement {top1:.1%}")
+        del hf, model
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    report.section("agreement with transformers, float32 and transformers' initial scale (1.5B shape)", lines, data)
 
 
 def attention_only(model, cache, rows, context):
@@ -403,10 +497,11 @@ def check_against_transformers(report, model, hf, name):
         " (bf16 weights and activations in both, summed in different orders)"], dict(gap=gap, top1=top1))
 
 
-# Fixed tile choices to compare (block_n, max_split, warps, stages, attn_split): any one of them, fixed for the
-# process, is row-exact; the defaults are the first.
-PASS_VARIANTS = [(64, 512, 4, 3, 256), (64, 512, 4, 3, 128), (64, 512, 4, 3, 64), (128, 512, 4, 3, 128),
-                 (64, 256, 4, 3, 128), (64, 1024, 4, 4, 128), (32, 512, 4, 3, 128), (64, 512, 8, 3, 128)]
+# Fixed tile choices to compare (block_n, block_k, max_split, warps, stages, attn_split): any one of them, fixed for
+# the process, is row-exact; the defaults are the first.
+PASS_VARIANTS = [(64, 64, 512, 4, 3, 64), (64, 64, 512, 4, 3, 256), (128, 64, 512, 4, 3, 64), (64, 128, 512, 4, 3, 64),
+                 (64, 128, 1024, 4, 3, 64), (128, 128, 1024, 4, 4, 64), (64, 64, 1024, 4, 4, 64),
+                 (64, 64, 512, 8, 4, 64)]
 
 
 def tile_sweep(report, models, bandwidth, tiny):
@@ -414,12 +509,13 @@ def tile_sweep(report, models, bandwidth, tiny):
     the defaults by measurement."""
     from specdecode.gpu.exact_pass import ExactPass, Tiles
 
-    lines = ["| block_n | max split | warps | stages | attention split | " + " | ".join(
-        f"{name} 1 row | {name} 8 rows" for name in models) + " |", "|---" * (5 + 2 * len(models)) + "|"]
+    lines = ["| block_n | block_k | max split | warps | stages | attention split | " + " | ".join(
+        f"{name} 1 row | {name} 8 rows" for name in models) + " |", "|---" * (6 + 2 * len(models)) + "|"]
     data = []
     for variant in PASS_VARIANTS[:2] if tiny else PASS_VARIANTS:
-        block_n, max_split, warps, stages, attn_split = variant
-        tiles = Tiles(block_n=block_n, max_split=max_split, warps=warps, stages=stages, attn_split=attn_split)
+        block_n, block_k, max_split, warps, stages, attn_split = variant
+        tiles = Tiles(block_n=block_n, block_k=block_k, max_split=max_split, warps=warps, stages=stages,
+                      attn_split=attn_split)
         cells = []
         for model in models.values():
             saved, model.exact_pass = model.exact_pass, ExactPass(model, tiles)
@@ -503,7 +599,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu-check-out")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU runs them through Triton's interpreter)")
-    parser.add_argument("--parts", default="exact,speed,cost,7b,tiles")
+    parser.add_argument("--parts", default="exact,agree,7b,exact7b,speed,profile,cost,tiles")
     parser.add_argument("--budget", type=float, default=330.0,
                         help="seconds after which no further part starts (the parts run in order of importance)")
     args = parser.parse_args()
@@ -540,6 +636,7 @@ def main():
         print(f"[{part}: {time.perf_counter() - t0:.0f}s, {time.perf_counter() - started:.0f}s in all]", flush=True)
 
     run("exact", check_against_transformers, report, models["1.5b"], hfs["1.5b"], "1.5B shape")
+    run("agree", check_agreement_float32, report, shapes["1.5b"], device)
     run("exact", check_rows, report, models["1.5b"], "1.5B shape", args.tiny)
     run("exact", check_loader, report, hfs["0.5b"], models["0.5b"], Path(args.out))
     strong = None
@@ -550,7 +647,10 @@ def main():
     if "7b" in parts:
         hfs["7b"] = hf_model(shapes["7b"], 3, device)
         models["7b"] = attach_if_cpu(native(hfs["7b"], device), args.tiny)
+    if "7b" in models:
+        run("exact7b", check_rows, report, models["7b"], "7B shape", args.tiny)
     run("speed", speed, report, models, hfs, bandwidth, args.tiny)
+    run("profile", profile_pass, report, {k: v for k, v in models.items() if k != "0.5b"})
     run("cost", exactness_cost, report, models["1.5b"], "1.5B shape", device)
     if "7b" in models:
         run("cost", exactness_cost, report, models["7b"], "7B shape", device)

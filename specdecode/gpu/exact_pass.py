@@ -38,10 +38,15 @@ class Tiles:
     block_k: int = 64
     max_split: int = 512
     attn_chunk: int = 64
-    attn_split: int = 256
+    attn_split: int = 64
     elementwise: int = 1024
     warps: int = 4  # the products' launch: how, not what, they compute
     stages: int = 3
+    # A residual's splits are summed by column blocks of sum_block first where a row holds more partial sums than
+    # serial_sum_limit (floats). Off by default: on an H200 (docs/bench/gpu-h200-run4-two-phase-sums) the 7B shape's
+    # down projection ran slower so, with blocks of 1024 (4 programs a row); narrower blocks are untried.
+    serial_sum_limit: int = 1 << 62
+    sum_block: int = 128
 
     def split_size(self, k: int) -> int:
         """Reduction length of one split of a product over k: from k alone (about k/8, so that small row counts
@@ -76,8 +81,9 @@ class ExactPass:
         self.pools: dict[int, KVPool] = {}
         self._captured: dict = {}
         self._memory = None  # one memory pool for every captured pass: they replay one at a time
-        # The largest prompt chunk an engine feeds one pass: the splits' partial sums grow with the rows.
-        self.max_rows = 256
+        # The largest prompt chunk an engine feeds one pass: the partial sums of the splits and of the attention
+        # segments grow with the rows.
+        self.max_rows = 128
 
     # ------------------------------------------------------------------ caches
     def new_cache(self, max_len: int):
@@ -201,25 +207,36 @@ class ExactPass:
         model, c, t = self.model, self.model.config, self.tiles
         rows = x.shape[0]
         h = torch.empty(rows, c.hidden_size, dtype=self.act_dtype, device=x.device)
-        block = triton_next_pow2(c.hidden_size)
-        part, splits = self.product(attn, layer.out_proj)
-        post = layer.post_attn_norm
-        self.k.residual_norm_kernel[(rows,)](part, x, post if post is not None else x, layer.mlp_norm, h, rows,
-                                             c.hidden_size, splits, c.rms_norm_eps, HAS_POST=post is not None,
-                                             BLOCK=block)
+        self._residual(self.product(attn, layer.out_proj), x, layer.post_attn_norm, layer.mlp_norm, h)
         part, splits = self.product(h, layer.gate_up)
         act = torch.empty(rows, c.intermediate_size, dtype=self.act_dtype, device=x.device)
         width = min(t.elementwise, triton_next_pow2(c.intermediate_size))
         self.k.gated_act_kernel[(rows, -(-c.intermediate_size // width))](
             part, act, rows, c.intermediate_size, splits, GELU=c.architecture.activation == "gelu_tanh", BLOCK=width)
-        part, splits = self.product(act, layer.down)
-        post = layer.post_mlp_norm
         last = index + 1 == len(model.layers)
         following = model.final_norm if last else model.layers[index + 1].attn_norm
-        self.k.residual_norm_kernel[(rows,)](part, x, post if post is not None else x, following, h, rows,
-                                             c.hidden_size, splits, c.rms_norm_eps, HAS_POST=post is not None,
-                                             BLOCK=block)
+        self._residual(self.product(act, layer.down), x, layer.post_mlp_norm, following, h)
         return h
+
+    def _residual(self, product: tuple[torch.Tensor, int], x: torch.Tensor, post, norm, h: torch.Tensor) -> None:
+        """x += the product (its splits summed in order; RMS-normed by `post` first where the architecture has it),
+        then h = RMSNorm(x) * norm: one program per row. Where a row's splits are many (a long reduction's), one
+        program would read them all alone, so they are first summed by column blocks in parallel (the same sums in
+        the same order, a choice made from the shape alone)."""
+        c = self.model.config
+        part, splits = product
+        rows, n = x.shape[0], c.hidden_size
+        if splits * n > self.tiles.serial_sum_limit:
+            summed = torch.empty(1, rows, n, dtype=torch.float32, device=x.device)
+            width = min(self.tiles.sum_block, triton_next_pow2(n))
+            self.k.reduce_kernel[(rows, -(-n // width))](part, part, summed, rows, n, splits, HAS_BIAS=False,
+                                                         BLOCK=width)
+            part, splits = summed, 1
+        block = triton_next_pow2(n)
+        # More warps keep more of a row's loads in flight (fixed per model: every row is still reduced one way).
+        self.k.residual_norm_kernel[(rows,)](part, x, post if post is not None else x, norm, h, rows, n, splits,
+                                             c.rms_norm_eps, HAS_POST=post is not None, BLOCK=block,
+                                             num_warps=max(4, min(16, block // 256)))
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         model = self.model
@@ -243,11 +260,10 @@ class ExactPass:
         """cos and sin [positions, D/2] of the layer's rotation (windowed layers may have their own base)."""
         model = self.model
         local = bool(layer.window and model.config.rope_local_theta)
-        zero = torch.zeros(1, dtype=torch.long, device=model.device)
-        if model._rope_cos is None:
-            model._rope(zero)  # builds the table
-        if local and model._local_rope is None:
-            model._rope(zero, local=True)
+        if model._rope_cos is None or (local and model._local_rope is None):  # build the tables once
+            zero = torch.zeros(1, dtype=torch.long, device=model.device)
+            model._rope(zero)
+            model._rope(zero, local=local)
         return model._local_rope if local else (model._rope_cos, model._rope_sin)
 
 

@@ -47,11 +47,15 @@ def blocks_match_steps(model, blocks=BLOCKS, seed=5) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("name,blocks", [("qwen2-gqa-bias", BLOCKS), ("gemma3-windowed", SHORT_BLOCKS)])
-def test_every_block_size_gives_each_row_the_bits_of_its_decode_step(name, blocks):
+@pytest.mark.parametrize("name,blocks,parallel_sums", [("qwen2-gqa-bias", BLOCKS, False),
+                                                        ("gemma3-windowed", SHORT_BLOCKS, True)])
+def test_every_block_size_gives_each_row_the_bits_of_its_decode_step(name, blocks, parallel_sums):
     """qwen2: biases, grouped heads; gemma3: per-head q/k norms, sandwich norms, GeGLU, windows of 6 with their own
-    rope base, a softcap. A prompt block, then verify blocks of 2..16 rows, against one row at a time."""
-    assert blocks_match_steps(tiny_gpu_model(name), blocks) == []
+    rope base, a softcap. A prompt block, then verify blocks of 2..16 rows, against one row at a time. With
+    parallel_sums the residuals' splits are first summed by column blocks (as for the long reductions of large
+    models)."""
+    tiles = dataclasses.replace(TEST_TILES, serial_sum_limit=0) if parallel_sums else TEST_TILES
+    assert blocks_match_steps(tiny_gpu_model(name, tiles=tiles), blocks) == []
 
 
 def test_the_gpu_path_computes_the_model():
