@@ -29,6 +29,7 @@ from .errors import InputError
 from .generation import Generation, StreamEvent
 from .models.transformer import Segment
 from .sampling import SamplingParams
+from .stats import GenerationStats
 
 
 class Slot:
@@ -128,7 +129,7 @@ class BatchEngine:
         return [ticket.result() for ticket in tickets]
 
     def cancel(self, ticket: Ticket) -> None:
-        """End the request at the next pass (finish_reason "cancelled"), or drop it if it has not started."""
+        """End the request at the next pass (finish_reason "cancelled"; with no tokens if it has not started)."""
         ticket.cancelled = True
 
     def abandon(self) -> None:
@@ -241,7 +242,8 @@ class BatchEngine:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_batch:
             ticket = self.waiting.popleft()
-            if ticket.cancelled:
+            if ticket.cancelled:  # it still ends: whoever waits on it (a server's job, as_completed) must see that
+                self._emit(ticket, StreamEvent("", [], [], GenerationStats(finish_reason="cancelled"), finished=True))
                 continue
             try:
                 self._start(ticket)

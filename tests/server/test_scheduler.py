@@ -316,3 +316,38 @@ def test_health_answers_503_while_draining_and_while_shutting_down():
         assert down.status_code == 503 and down.json()["status"] == "shutting_down"
     finally:
         scheduler.close()
+
+
+def test_a_job_cancelled_while_it_is_admitted_still_ends_and_frees_its_place():
+    """A client hanging up between _admissions (event loop) and _tick's cancels (engine thread) left its ticket
+    dropped by the batch with no final event: the job stayed in `running` for good, holding a batch place, and
+    the worker spun. max_batch such hang-ups stopped the server."""
+    async def scenario():
+        scheduler = Scheduler(tiny_engine(max_context=64), "none", 4, ServerMetrics("fake"), max_batch=1)
+        gone = Job(request([1, 2, 3], 4), user_key="a")
+        scheduler.submit(gone)
+        admitted = scheduler._admissions()
+        scheduler.cancel(admitted[0], "client_disconnected")  # while _begin would run on the engine thread
+        for job, message in scheduler._tick(admitted):
+            scheduler._deliver(job, message)
+        assert gone.state == "done" and not scheduler.running and scheduler.idle()
+        worker = asyncio.create_task(scheduler.run())
+        healthy = Job(request([1, 2, 3], 4), user_key="b")
+        scheduler.submit(healthy)
+        events = await drain(healthy)
+        worker.cancel()
+        scheduler.close()
+        return events
+
+    assert last_step(asyncio.run(scenario())).stats["generated_tokens"] == 4
+
+
+def test_a_ticket_cancelled_before_it_starts_ends_with_no_tokens():
+    from specdecode.batch import BatchEngine
+
+    batch = BatchEngine(tiny_engine(max_context=64), max_batch=1)
+    ticket = batch.submit([1, 2, 3], drafter="none", max_new_tokens=4)
+    batch.cancel(ticket)
+    batch.step()
+    assert ticket.finished and not batch.busy
+    assert ticket.result().token_ids == [] and ticket.result().stats.finish_reason == "cancelled"
