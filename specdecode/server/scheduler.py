@@ -281,9 +281,10 @@ class Scheduler:
                 continue
             try:
                 messages = await self._loop.run_in_executor(self.executor, self._tick, admitted)
-            except Exception as exc:  # a bug or a device error in the pass: fail its requests, keep serving
+            except Exception:  # a bug or a device error in the pass: fail its requests, keep serving
                 log.exception("generation failed")
-                error = ApiError(500, f"generation failed: {type(exc).__name__}: {exc}", code="generation_failed")
+                # The same words for every request in the pass: an exception's text may quote one request's input.
+                error = ApiError(500, "generation failed: an internal error in the engine's pass", code="generation_failed")
                 messages = [(job, ("error", error)) for job in list(self.running)]  # the admitted are running too
                 self.batch.abandon()
             for job, message in messages:
@@ -406,6 +407,10 @@ class Scheduler:
                 messages.append((job, ("error", exc)))
             except SpecDecodeError as exc:  # InputError / ModelError: the engine's message is for the user
                 messages.append((job, ("error", ApiError(400, str(exc), code="invalid_request"))))
+            except Exception:  # a bug met by this request's input fails this request only, not the whole pass
+                log.exception("admitting a request failed")
+                messages.append((job, ("error", ApiError(500, "internal error while admitting the request",
+                                                          code="generation_failed"))))
         for job in self.running:
             if job.ticket is not None and (job.cancel_reason is not None or self._halt):
                 self.batch.cancel(job.ticket)

@@ -351,3 +351,31 @@ def test_a_ticket_cancelled_before_it_starts_ends_with_no_tokens():
     batch.step()
     assert ticket.finished and not batch.busy
     assert ticket.result().token_ids == [] and ticket.result().stats.finish_reason == "cancelled"
+
+
+def test_an_unexpected_error_admitting_one_job_fails_that_job_only():
+    """Only ApiError and SpecDecodeError were caught around _begin: anything else failed the whole pass, and every
+    running request got a 500 carrying that exception's text."""
+    async def scenario():
+        scheduler = Scheduler(tiny_engine(max_context=64), "none", 4, ServerMetrics("fake"))
+        begin = scheduler._begin
+
+        def broken_for_b(job):
+            if job.user_key == "b":
+                raise RuntimeError("secret of b")
+            return begin(job)
+
+        scheduler._begin = broken_for_b
+        worker = asyncio.create_task(scheduler.run())
+        a, b = Job(request([1, 2, 3], 6), user_key="a"), Job(request([4, 5, 6], 6), user_key="b")
+        scheduler.submit(a)
+        scheduler.submit(b)
+        results = await drain(a), await drain(b)
+        worker.cancel()
+        scheduler.close()
+        return results
+
+    a_events, b_events = asyncio.run(scenario())
+    assert last_step(a_events).stats["generated_tokens"] == 6
+    kind, error = b_events[-1]
+    assert kind == "error" and error.status == 500 and "secret" not in error.message

@@ -1,0 +1,43 @@
+"""What one client sends cannot reach another's answer: a request the engine refuses fails alone, over a real
+server and the real `openai` SDK, while another client's generation runs beside it."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from .conftest import MODEL
+
+VICTIM_PROMPT = "def fibonacci(n):"
+VICTIM_TOKENS = 200
+
+
+@pytest.fixture(scope="module")
+def victim_alone(reference_engine):
+    """The victim's answer when it runs alone (plain greedy decoding)."""
+    return reference_engine.generate(VICTIM_PROMPT, drafter="none", max_new_tokens=VICTIM_TOKENS, chat=False)
+
+
+def run_beside_victim(client, attack):
+    """Start the victim's stream, run `attack` once its first tokens arrived, then read the victim to its end:
+    (the victim's text, what `attack` returned or raised)."""
+    stream = client.completions.create(model=MODEL, prompt=VICTIM_PROMPT, max_tokens=VICTIM_TOKENS, temperature=0,
+                                       stream=True, extra_body={"speculative": {"drafter": "none"}})
+    chunks = iter(stream)
+    text = [next(chunks).choices[0].text]
+    try:
+        outcome = attack()
+    except openai.APIError as exc:
+        outcome = exc
+    text += [chunk.choices[0].text for chunk in chunks if chunk.choices]
+    return "".join(text), outcome
+
+
+def test_a_schema_the_grammar_engine_refuses_fails_only_its_own_request(client, victim_alone):
+    """An integer past 64 bits in a schema made llguidance raise ValueError on the engine thread: every running
+    request got a 500 quoting the attacker's value, and the batch was abandoned."""
+    schema = {"type": "string", "maxLength": 10**20}
+    victim, refused = run_beside_victim(client, lambda: client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}))
+    assert isinstance(refused, openai.BadRequestError), refused
+    assert victim_alone.stats.generated_tokens > 20 and victim == victim_alone.text
