@@ -13,6 +13,7 @@ from typing import Any
 from ..controls import LogitControls
 from ..drafters.registry import DRAFTER_NAMES
 from ..grammar import GrammarSpec
+from ..sampling import finite_number
 from .api_error import ApiError  # noqa: F401  (re-exported: protocol's parsers raise it)
 from .tools import parse_tool_options, tool_constraint, tool_message
 
@@ -21,6 +22,7 @@ MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1
 MAX_TEMPERATURE = 2.0  # OpenAI's range
 MAX_LOGIT_BIAS = 1024  # entries of logit_bias
+MAX_TOKEN_ID_DIGITS = 10  # a logit_bias key longer than this is no token id
 MAX_TOP_LOGPROBS = {"chat": 20, "completion": 5}  # OpenAI's bounds
 MAX_CHOICES = 128  # OpenAI's bound on n; a server allows at most its batch size (app.py)
 
@@ -85,7 +87,8 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):
-        return f"the number {value!r}"
+        text = repr(value)
+        return f"the number {text}" if len(text) <= 40 else f"a number of {len(text)} digits"
     if isinstance(value, str):
         return "a string"
     if isinstance(value, list):
@@ -116,8 +119,8 @@ def _number(body: dict, name: str, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _bad(name, f"'{name}' must be a number, got {_describe(value)}", "invalid_type")
+    if not finite_number(value):
+        raise _bad(name, f"'{name}' must be a finite number, got {_describe(value)}", "invalid_type")
     return float(value)
 
 
@@ -251,10 +254,11 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         raise _bad("logit_bias", f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens, got {len(value)}")
     out = []
     for key, bias in value.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
-            raise _bad("logit_bias", f"'logit_bias' keys must be token ids, got {key!r}")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
-            raise _bad("logit_bias", f"'logit_bias' values must be numbers in -100..100, got {bias!r} for {key}")
+        # a length bound before int(): past 4300 digits int() raises, and no vocabulary has 10-digit token ids
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS):
+            raise _bad("logit_bias", f"'logit_bias' keys must be token ids, got {key[:40]!r}")
+        if not finite_number(bias) or not -100 <= bias <= 100:
+            raise _bad("logit_bias", f"'logit_bias' values must be numbers in -100..100, got {_describe(bias)} for {key}")
         out.append((int(key), float(bias)))
     return tuple(sorted(out))
 

@@ -24,6 +24,9 @@ from .api_error import ApiError
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 MAX_TOOLS = 128
+# How deep a tool's parameter schema, or a past call's arguments, may nest. Real schemas nest a few levels; the chat
+# template renders these recursively, and a few hundred levels overflowed its recursion (a 500).
+MAX_NESTING = 64
 # The JSON of a call exactly as the template writes one back into the conversation (tojson: ", " and ": ").
 CALL_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -91,6 +94,8 @@ def function_definition(function: dict, param: str) -> dict:
     if parameters is not None:
         if not isinstance(parameters, dict):
             raise _bad(f"{param}.parameters", f"'{param}.parameters' must be a JSON schema object, got {_kind(parameters)}", "invalid_type")
+        if nesting(parameters) > MAX_NESTING:
+            raise _bad(f"{param}.parameters", f"'{param}.parameters' nests deeper than {MAX_NESTING} levels")
         out["parameters"] = parameters
     strict = function.get("strict")
     if strict is not None:
@@ -98,6 +103,18 @@ def function_definition(function: dict, param: str) -> dict:
             raise _bad(f"{param}.strict", f"'{param}.strict' must be a boolean, got {_kind(strict)}", "invalid_type")
         out["strict"] = strict
     return out
+
+
+def nesting(value) -> int:
+    """How many lists and objects deep `value` goes (0 for a scalar). A loop, not recursion: it measures what may
+    be too deep for recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _tool_choice(choice, names: list[str]) -> str | dict:
@@ -146,8 +163,13 @@ def _past_call(call, param: str) -> dict:
         raise _bad(f"{param}.function.arguments", f"'arguments' must be a JSON string, got {_kind(arguments)}", "invalid_type")
     try:
         parsed = json.loads(arguments) if arguments.strip() else {}
+        too_deep = nesting(parsed) > MAX_NESTING  # the chat template renders them recursively
     except ValueError:
         raise _bad(f"{param}.function.arguments", "'arguments' must hold a JSON object") from None
+    except RecursionError:  # deeper than the parser goes
+        too_deep = True
+    if too_deep:
+        raise _bad(f"{param}.function.arguments", f"'arguments' nests deeper than {MAX_NESTING} levels")
     if not isinstance(parsed, dict):
         raise _bad(f"{param}.function.arguments", f"'arguments' must hold a JSON object, got {_kind(parsed)}")
     call_id = call.get("id")
@@ -222,18 +244,15 @@ def _call(block: str) -> dict | None:
     between the tags is no call."""
     try:
         parsed = json.loads(block)
-    except ValueError:
-        return None
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
-        return None
-    arguments = parsed.get("arguments", parsed.get("parameters", {}))
-    if isinstance(arguments, str):
-        try:
-            json.loads(arguments)
-        except ValueError:
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
             return None
-    else:
-        arguments = json.dumps(arguments, ensure_ascii=False)
+        arguments = parsed.get("arguments", parsed.get("parameters", {}))
+        if isinstance(arguments, str):
+            json.loads(arguments)
+        else:
+            arguments = json.dumps(arguments, ensure_ascii=False)
+    except (ValueError, RecursionError):  # an answer nested deeper than the parser goes is no call either
+        return None
     return {"id": new_call_id(), "type": "function", "function": {"name": parsed["name"], "arguments": arguments}}
 
 

@@ -25,6 +25,20 @@ def body(base, **change):
 
 
 _DROP = object()
+RESPONSES = {"model": MODEL, "input": "hi", "max_output_tokens": 1, "temperature": 0}
+
+
+def raw_number(base, name, digits: str) -> bytes:
+    """The body with `name` set to a number written out (json.dumps cannot write an integer past float's range
+    as the client sent it)."""
+    return body(base, **{name: _DROP})[:-1] + b', "%s": %s}' % (name.encode(), digits.encode())
+
+
+def nested_schema(depth: int) -> dict:
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
 
 CASES = [
     # (name, path, raw body, expected status, expected param)
@@ -70,6 +84,28 @@ CASES = [
     ("json nested 100000 deep", "completions", b'{"model": "x", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, None),
     ("temperature 1e308", "completions", body(GOOD, temperature=1e308), 400, "temperature"),
     ("temperature above two", "completions", body(GOOD, temperature=2.5), 400, "temperature"),
+    # Each of these answered 500 before (review turn 4, #2 and #4): an integer past float's range made
+    # math.isfinite raise OverflowError; int() refuses a key past 4300 digits; a tool call's arguments or a tool's
+    # parameters nested deeply overflowed json.loads or the chat template's recursion; llguidance refused a
+    # schema's integer past 64 bits with a ValueError on the engine thread.
+    *[(f"{route} {name} 10**400", route, raw_number(base, name, "1" + "0" * 400), 400, name)
+      for route, base, name in [("completions", GOOD, "temperature"), ("chat/completions", CHAT, "top_p"),
+                                ("completions", GOOD, "min_p"), ("chat/completions", CHAT, "presence_penalty"),
+                                ("completions", GOOD, "frequency_penalty"), ("chat/completions", CHAT, "repetition_penalty"),
+                                ("responses", RESPONSES, "temperature")]],
+    ("logit_bias key of 5000 digits", "completions", body(GOOD, logit_bias={"1" * 5000: 1}), 400, "logit_bias"),
+    ("tool call arguments nested 100000 deep", "chat/completions", body(CHAT, messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[" * 100_000}}]}]),
+     400, "messages[1].tool_calls[0].function.arguments"),
+    ("function_call arguments nested 100000 deep", "responses", body(RESPONSES, input=[
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 100_000},
+        {"type": "function_call_output", "call_id": "c", "output": "x"}]), 400, "input"),
+    ("tool parameters nested 300 deep", "chat/completions",
+     body(CHAT, tools=[{"type": "function", "function": {"name": "f", "parameters": nested_schema(300)}}]),
+     400, "tools[0].function.parameters"),
+    ("schema integer past 64 bits", "chat/completions", body(CHAT, response_format={"type": "json_schema", "json_schema": {
+        "name": "s", "schema": {"type": "string", "maxLength": 10**20}}}), 400, None),
 ]
 
 

@@ -241,3 +241,31 @@ def test_a_template_without_tools_support_is_refused():
 
     with pytest.raises(ToolsUnsupported, match="tools"):
         Tokenizer(hf=Template()).chat_prompt([{"role": "user", "content": "hi"}], tools=[WEATHER])
+
+
+def test_an_answer_nested_past_the_parsers_depth_is_text_not_a_500():
+    """A client can force the answer into thousands of brackets (a recursive schema and a logit_bias on "["): with
+    tools listed it looked like a bare call, and json.loads raised RecursionError out of the answer (a 500)."""
+    deep = '{"name": "get_weather", "arguments": ' + "[" * 5000 + "]" * 5000 + "}"
+    for text in (deep, "<tool_call>\n" + deep + "\n</tool_call>"):
+        message, reason = chat_message(text, "stop", [WEATHER])
+        assert message == {"role": "assistant", "content": text} and reason == "stop"
+        stream = ToolCallStream(True, [WEATHER])
+        deltas = stream.feed(text) + stream.finish()
+        assert "".join(d.get("content", "") for d in deltas) == text and not stream.completed
+
+
+def test_a_template_that_recurses_too_deep_is_a_chat_template_error():
+    """The chat template renders tools and arguments recursively: a RecursionError escaped as a 500."""
+    from specdecode.errors import ChatTemplateError
+    from specdecode.tokenizer import Tokenizer
+
+    class Template:
+        chat_template = "{{ messages }}"
+        added_tokens_decoder = {}
+
+        def apply_chat_template(self, messages, tools=None, add_generation_prompt=True, tokenize=False):
+            raise RecursionError("maximum recursion depth exceeded")
+
+    with pytest.raises(ChatTemplateError, match="nest too deeply"):
+        Tokenizer(hf=Template()).chat_prompt([{"role": "user", "content": "hi"}], tools=[WEATHER])
