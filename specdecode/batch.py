@@ -51,8 +51,12 @@ class Slot:
         return build_drafter(self, self._drafters, name)
 
     def forget(self) -> None:
+        """Drop what the slot holds of its earlier requests: the target cache, and each drafter's state (a draft
+        model's cache holds a prompt too; the next client's draft prefill must not find another client's prefix)."""
         self.cache.truncate(0)
         self.cached_ids = []
+        for drafter in self._drafters.values():
+            drafter.reset()
 
 
 @dataclass(eq=False)

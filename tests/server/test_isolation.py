@@ -41,3 +41,30 @@ def test_a_schema_the_grammar_engine_refuses_fails_only_its_own_request(client, 
         response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}))
     assert isinstance(refused, openai.BadRequestError), refused
     assert victim_alone.stats.generated_tokens > 20 and victim == victim_alone.text
+
+
+@pytest.mark.parametrize("same_client", [False, True], ids=["another client", "the same client"])
+def test_a_slots_draft_model_keeps_nothing_of_another_clients_prompt(same_client):
+    """Slot.forget cleared the target cache on a change of client but not the draft model's: the next client's
+    draft prefill found the previous client's prompt already read up to their common prefix, so its latency (and
+    the adaptive K) told that prefix. The same client still reuses it."""
+    import random
+
+    from specdecode.batch import BatchEngine
+    from specdecode.engine import Engine
+    from testlib import as_loaded, fake_tokenizer, make_tiny_model, perturbed_copy
+
+    model = make_tiny_model(seed=0, vocab_size=256, context_length=256)
+    tokenizer = fake_tokenizer(256)
+    engine = Engine(as_loaded(model, tokenizer), as_loaded(perturbed_copy(model, 0.05, seed=1), tokenizer, "draft"),
+                    max_context=256)
+    batch = BatchEngine(engine, max_batch=1)
+    rng = random.Random(7)
+    secret = [rng.randrange(256) for _ in range(100)]
+    batch.submit(secret, drafter="draft", k=4, max_new_tokens=2, namespace="A")
+    batch.run()
+    guess = secret[:90] + [5, 6, 7]
+    ticket = batch.submit(guess, drafter="draft", k=4, max_new_tokens=2, namespace="A" if same_client else "B")
+    batch._admit()  # started: its drafter has begun on the prompt
+    unread = ticket.generation.unread
+    assert unread < 10 if same_client else unread == len(guess) - 1
