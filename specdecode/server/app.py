@@ -33,6 +33,10 @@ from .scheduler import Scheduler
 from .shaping import ChunkStream, Shaper, gather_steps, response_id
 
 log = logging.getLogger("specdecode.server")
+# What /health tells anyone: whether to send requests here and what this server is. Its counts (queued, running,
+# completed; a cluster's per-replica queues) sum up every client's requests: only for who may read /metrics.
+PUBLIC_HEALTH = {"status", "model", "drafters", "default_drafter", "max_context", "auth", "queue_size", "max_batch",
+                 "replicas", "replicas_ready"}
 
 
 def _playground_html() -> str:
@@ -209,11 +213,13 @@ def add_routes(app: FastAPI, api: ChatApi, metrics: ServerMetrics) -> None:
         return api.model_card()
 
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
         state = await backend.health()
         body = {"status": state.pop("status"), "model": api.model_name, "drafters": backend.drafters,
                 "default_drafter": backend.default_drafter, "max_context": backend.max_context,
                 "auth": bool(api.api_keys), **state}
+        if not getattr(request.state, "reads_metrics", False):  # the counts of every client's requests: the operator's
+            body = {key: value for key, value in body.items() if key in PUBLIC_HEALTH}
         # Draining, shutting down or no replica ready: 503, so that load balancers stop sending meanwhile.
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 

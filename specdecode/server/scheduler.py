@@ -192,7 +192,8 @@ class Scheduler:
         self.metrics.queue_depth.set(len(self.queue))
 
     def _busy(self) -> ApiError:
-        return ApiError(429, f"the server is busy: {len(self.queue) + self.reserved} requests are waiting; retry later",
+        # No count in the words: how many wait is other clients' business (Retry-After stays, bounded, for backoff).
+        return ApiError(429, "the server is busy; retry later",
                         type="rate_limit_error", code="queue_full", headers={"Retry-After": str(self.retry_after())})
 
     def cancel(self, job: Job, reason: str) -> None:

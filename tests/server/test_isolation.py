@@ -68,3 +68,55 @@ def test_a_slots_draft_model_keeps_nothing_of_another_clients_prompt(same_client
     batch._admit()  # started: its drafter has begun on the prompt
     unread = ticket.generation.unread
     assert unread < 10 if same_client else unread == len(guess) - 1
+
+
+COUNTERS = {"completed", "queue_depth", "running", "tokenizing"}
+
+
+@pytest.fixture(scope="module")
+def tenants_server(models):
+    """Two tenants' keys and no operator key for /metrics."""
+    from specdecode.engine import Engine
+    from specdecode.server.app import create_app
+    from specdecode.server.exposure import ApiKeys
+
+    from .conftest import start_server
+
+    engine = Engine(models[0], None, max_context=256)
+    server = start_server(create_app(engine, "lookup", MODEL, api_key=ApiKeys((("alice", "ka"), ("bob", "kb")))), engine)
+    yield server
+    server.stop()
+
+
+def test_no_tenant_and_no_stranger_reads_the_servers_counts(tenants_server):
+    """/health (open to all) reported completed, queued and running requests; every tenant's key read /metrics,
+    which sums up all tenants' prompt and answer tokens: anyone could count the others' traffic."""
+    import httpx
+
+    base = tenants_server.base_url
+    before = {who: httpx.get(base + "/health", headers=headers).json() for who, headers in
+              [("stranger", {}), ("bob", {"Authorization": "Bearer kb"})]}
+    alice = openai.OpenAI(base_url=tenants_server.api_url, api_key="ka", max_retries=0, timeout=60)
+    alice.completions.create(model=MODEL, prompt="def add(a, b):", max_tokens=3, temperature=0)
+    for who, headers in [("stranger", {}), ("bob", {"Authorization": "Bearer kb"})]:
+        health = httpx.get(base + "/health", headers=headers).json()
+        assert health["status"] == "ok" and not COUNTERS & set(health), (who, health)
+        assert health == before[who], who
+    metrics = httpx.get(base + "/metrics", headers={"Authorization": "Bearer kb"})
+    assert metrics.status_code == 401 and "--metrics-key" in metrics.json()["error"]["message"]
+
+
+def test_the_operators_metrics_key_reads_the_counts(models):
+    from starlette.testclient import TestClient
+
+    from specdecode.engine import Engine
+    from specdecode.server.app import create_app
+    from specdecode.server.exposure import ApiKeys
+
+    app = create_app(Engine(models[0], None, max_context=256), "lookup", MODEL,
+                     api_key=ApiKeys((("alice", "ka"), ("bob", "kb"))), metrics_key="ops")
+    http = TestClient(app, base_url="http://127.0.0.1")
+    operator = {"Authorization": "Bearer ops"}
+    assert http.get("/metrics", headers=operator).status_code == 200
+    assert COUNTERS <= set(http.get("/health", headers=operator).json())
+    assert not COUNTERS & set(http.get("/health", headers={"Authorization": "Bearer ka"}).json())
