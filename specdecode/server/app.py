@@ -101,6 +101,10 @@ class ChatApi:
         presented = "" if self.api_keys else request.headers.get("authorization", "")
         return request_namespace(key_id, peer_address(request), user, presented)
 
+    def lane_of(self, request: Request, key_id: str) -> str:
+        """Who the client is, whatever token or `user` it shows: its fair-queue lane and its quotas."""
+        return queue_lane(key_id, peer_address(request))
+
     async def generate(self, request: Request, kind: str):
         key_id = self.check_api_key(request)
         body = await read_json_body(request)
@@ -140,8 +144,7 @@ class ChatApi:
         if gen.drafter is not None and gen.drafter not in self.backend.drafters:
             raise ApiError(400, f"drafter '{gen.drafter}' needs a draft model; this server has none (try 'lookup')",
                            param="speculative.drafter", code="drafter_unavailable")
-        ticket = await self.backend.submit(gen, queue_lane(key_id, peer_address(request)),
-                                           self.namespace_of(request, key_id, gen.user))
+        ticket = await self.backend.submit(gen, self.lane_of(request, key_id), self.namespace_of(request, key_id, gen.user))
         watch = DisconnectWatch(request)
         try:
             first = await watch.wait(ticket.next())  # waits in the queue, then for the tokenizer and checks
@@ -163,8 +166,8 @@ class ChatApi:
 
     def chat_host(self) -> ChatHost:
         """What the Responses API's routes borrow from these."""
-        return ChatHost(self.model_name, self.check_api_key, read_json_body, self.namespace_of, self.run_generation,
-                        gather_steps)
+        return ChatHost(self.model_name, self.check_api_key, read_json_body, self.namespace_of, self.lane_of,
+                        self.run_generation, gather_steps)
 
 
 def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:

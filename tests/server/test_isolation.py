@@ -120,3 +120,37 @@ def test_the_operators_metrics_key_reads_the_counts(models):
     assert http.get("/metrics", headers=operator).status_code == 200
     assert COUNTERS <= set(http.get("/health", headers=operator).json())
     assert not COUNTERS & set(http.get("/health", headers={"Authorization": "Bearer ka"}).json())
+
+
+@pytest.fixture(scope="module")
+def proxied_server(models):
+    """A keyless server behind a proxy (X-Forwarded-For names the client): each test client its own address."""
+    from specdecode.engine import Engine
+    from specdecode.server.app import create_app
+
+    from .conftest import start_server
+
+    engine = Engine(models[0], None, max_context=256)
+    server = start_server(create_app(engine, "lookup", MODEL), engine, forwarded_allow_ips="127.0.0.1")
+    yield server
+    server.stop()
+
+
+def client_at(server, address: str, token: str = "unused"):
+    return openai.OpenAI(base_url=server.api_url, api_key=token, max_retries=0, timeout=60,
+                         default_headers={"X-Forwarded-For": address})
+
+
+def test_a_client_minting_tokens_cannot_evict_another_clients_stored_responses(proxied_server):
+    """On a keyless server the bearer token is part of the namespace, and the store's cap was per namespace with a
+    global total dropping anyone's oldest: one client cycling tokens pushed out every other client's conversations
+    (their previous_response_id then 404s). Bounds scaled down: 2 per client, 4 in all."""
+    store = proxied_server.app.state.responses
+    store.per_client, store.total = 2, 4
+    ask = {"model": MODEL, "input": "hello", "max_output_tokens": 1, "temperature": 0}
+    victim = client_at(proxied_server, "10.0.0.1")
+    kept = victim.responses.create(**ask)
+    for token in range(4):
+        client_at(proxied_server, "10.0.0.2", f"attacker-{token}").responses.create(**ask)
+    assert victim.responses.retrieve(kept.id).id == kept.id
+    assert victim.responses.create(**ask, previous_response_id=kept.id).previous_response_id == kept.id

@@ -147,12 +147,26 @@ def test_items_tools_and_formats_become_the_chat_request():
     assert chat_request({**plain, "text": {"format": {"type": "text"}}}, [])[0].grammar is None
 
 
-def test_the_store_keeps_each_namespace_to_its_bound():
-    store = ResponseStore(per_namespace=2, total=3)
+def test_the_store_keeps_each_client_to_its_bound():
+    store = ResponseStore(per_client=2, total=3)
     for index in range(3):
-        store.put(f"a{index}", Stored("A", {}, []))
+        store.put(f"a{index}", Stored("A", {}, [], client="a"))
     assert store.get("A", "a0") is None and store.get("A", "a2") is not None
-    store.put("b0", Stored("B", {}, []))
-    store.put("b1", Stored("B", {}, []))  # four held: the oldest of all goes
+    store.put("b0", Stored("B", {}, [], client="b"))
+    store.put("b1", Stored("B", {}, [], client="b"))  # four held, two each: the oldest of the older client goes
     assert store.get("A", "a1") is None and store.get("B", "b0") is not None and store.get("A", "a2") is not None
     assert store.get("B", "a2") is None and not store.delete("B", "a2")
+
+
+def test_a_client_minting_namespaces_pushes_out_only_its_own_responses():
+    """The cap was per namespace and the total dropped the oldest of anyone's: on a keyless server a client
+    varying its bearer token (a namespace per token) evicted every other client's stored conversations."""
+    store = ResponseStore(per_client=5, total=20)
+    store.put("victim", Stored("V", {}, [], client="victim"))
+    for token in range(20):
+        for index in range(5):
+            store.put(f"x{token}.{index}", Stored(f"X{token}", {}, [], client="attacker"))
+    assert store.get("V", "victim") is not None
+    for other in range(18):  # 18 other clients fill the store: the one holding the most (the attacker) makes room
+        store.put(f"o{other}", Stored(f"O{other}", {}, [], client=f"other{other}"))
+    assert store.get("V", "victim") is not None and len([k for k in store._items if k.startswith("x")]) == 1
