@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -101,6 +101,10 @@ class FairQueue:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
 
+    def waiting(self, user: str) -> int:
+        """Jobs of this client's lane in the queue."""
+        return len(self._lanes.get(user, ()))
+
     def remove(self, job: Job) -> bool:
         lane = self._lanes.get(job.user_key)
         if lane is None or job not in lane:
@@ -150,6 +154,7 @@ class Scheduler:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdecode-engine")
         self.running: list[Job] = []
         self.reserved = 0  # places held for requests being tokenized (reserve), counted against the queue's bound
+        self._reserved_by: Counter[str] = Counter()  # the same, per lane
         self.shutting_down = False  # refusing new work: draining (finishing what it has) or shutting down
         self.draining = False
         self._shut_down = False  # begin_shutdown ran
@@ -162,27 +167,34 @@ class Scheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ called by request handlers
-    def reserve(self) -> None:
-        """Hold a place in the queue for a request about to be tokenized, or refuse it (503 shutting down, 429 full)
-        before any work on its prompt: the queue's bound then bounds the tokenizing too. Hand the place to `submit`
-        (reserved=True) or give it back with `release`."""
+    def reserve(self, lane: str = "") -> None:
+        """Hold a place in the queue for a request of this lane (Job.user_key) about to be tokenized, or refuse it
+        (503 shutting down, 429 full) before any work on its prompt: the queue's bound then bounds the tokenizing
+        too. Hand the place to `submit` (reserved=True) or give it back with `release`."""
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
         # The batch's free places count as room too: a burst arriving between two passes waits for them here.
-        free = max(0, self.max_batch - len(self.running))
-        if len(self.queue) + self.reserved >= self.queue_size + free:
+        room = self.queue_size + max(0, self.max_batch - len(self.running))
+        # A quarter of the room stays for the other lanes: one client flooding the queue meets the 429 first, and
+        # another client's first request still finds a place.
+        mine = self.queue.waiting(lane) + self._reserved_by[lane]
+        if len(self.queue) + self.reserved >= room or mine >= room - room // 4:
             raise self._busy()
         self.reserved += 1
+        self._reserved_by[lane] += 1
 
-    def release(self) -> None:
+    def release(self, lane: str = "") -> None:
         """Give back a place `reserve` held (the request was refused or withdrawn while it was tokenized)."""
         self.reserved -= 1
+        self._reserved_by[lane] -= 1
+        if not self._reserved_by[lane]:
+            del self._reserved_by[lane]
 
     def submit(self, job: Job, reserved: bool = False) -> None:
         """Queue a job, in the place `reserve` held for it (reserved=True) or in one taken now."""
         if not reserved:
-            self.reserve()
-        self.reserved -= 1
+            self.reserve(job.user_key)
+        self.release(job.user_key)  # the place reserved becomes the queued job's
         if self._halt:  # shut down while it was tokenized
             raise ApiError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
         try:

@@ -379,3 +379,21 @@ def test_an_unexpected_error_admitting_one_job_fails_that_job_only():
     assert last_step(a_events).stats["generated_tokens"] == 6
     kind, error = b_events[-1]
     assert kind == "error" and error.status == 500 and "secret" not in error.message
+
+
+def test_one_client_filling_the_queue_leaves_room_for_another():
+    """The queue's bound was global: one lane took every place and every other client's first request got 429."""
+    async def scenario():
+        scheduler = Scheduler(tiny_engine(), "none", 8, ServerMetrics("fake"), max_batch=4)  # room: 8 + 4 free slots
+        flooded = 0
+        with pytest.raises(ApiError) as refused:
+            while True:
+                scheduler.submit(Job(request(), user_key="flooder"))
+                flooded += 1
+        other = Job(request(), user_key="other")
+        scheduler.submit(other)  # a place is still there for it
+        scheduler.close()
+        return flooded, refused.value, other
+
+    flooded, refused, other = asyncio.run(scenario())
+    assert refused.status == 429 and flooded == 9 and other.state == "queued"
