@@ -239,19 +239,23 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def _call(block: str) -> dict | None:
+def _call(block: str, tools: list[dict] | None = None) -> dict | None:
     """One call as OpenAI answers it ({id, type, function: {name, arguments as JSON text}}), or None when the text
-    between the tags is no call."""
+    between the tags is no call the client could send back in its next turn (tool_message takes it): not JSON,
+    arguments that are no object or nest too deep, or a name that is none of `tools` (None: any name)."""
     try:
         parsed = json.loads(block)
-        if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str) or not parsed["name"]:
             return None
         arguments = parsed.get("arguments", parsed.get("parameters", {}))
-        if isinstance(arguments, str):
-            json.loads(arguments)
-        else:
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+        if not isinstance(value, dict) or nesting(value) > MAX_NESTING:
+            return None
+        if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False)
     except (ValueError, RecursionError):  # an answer nested deeper than the parser goes is no call either
+        return None
+    if tools is not None and parsed["name"] not in {tool["function"]["name"] for tool in tools}:
         return None
     return {"id": new_call_id(), "type": "function", "function": {"name": parsed["name"], "arguments": arguments}}
 
@@ -259,11 +263,11 @@ def _call(block: str) -> dict | None:
 def _bare_call(text: str, tools: list[dict] | None) -> dict | None:
     """A whole answer that is one call's JSON without the tags (small Qwen models answer so), perhaps in a ```json
     fence, as a call; only when it names one of the tools."""
+    if not tools:
+        return None
     text = text.strip()
     fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.S)
-    call = _call(fenced.group(1) if fenced else text)
-    names = {tool["function"]["name"] for tool in tools or ()}
-    return call if call is not None and call["function"]["name"] in names else None
+    return _call(fenced.group(1) if fenced else text, tools)
 
 
 def _may_be_bare_call(text: str) -> bool:
@@ -313,7 +317,7 @@ class ToolCallStream:
                 if end < 0:
                     return out
                 block, self.pending, self.inside = self.pending[:end], self.pending[end + len(TOOL_CLOSE):], False
-                call = _call(block)
+                call = _call(block, self.tools)
                 if call is None:
                     out += self._text(TOOL_OPEN + block + TOOL_CLOSE)
                 elif self.parallel or not self.completed:

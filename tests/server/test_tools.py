@@ -269,3 +269,27 @@ def test_a_template_that_recurses_too_deep_is_a_chat_template_error():
 
     with pytest.raises(ChatTemplateError, match="nest too deeply"):
         Tokenizer(hf=Template()).chat_prompt([{"role": "user", "content": "hi"}], tools=[WEATHER])
+
+
+@pytest.mark.parametrize("block", [
+    '{"name": "get_weather", "arguments": [1, 2]}',
+    '{"name": "get_weather", "arguments": null}',
+    '{"name": "get_weather", "arguments": "[1, 2]"}',
+    '{"name": "get_weather", "arguments": ' + "[" * 70 + "]" * 70 + "}",
+    '{"name": "not_a_tool", "arguments": {}}',
+    '{"name": "", "arguments": {}}',
+])
+def test_a_call_that_could_not_be_sent_back_stays_text(block):
+    """The answer carried calls with non-object arguments, or to names outside `tools`, as tool_calls: sending the
+    assistant message back in the next turn was then a 400 (and a stored Responses chain could not go on)."""
+    text = f"<tool_call>\n{block}\n</tool_call>"
+    message, reason = chat_message(text, "stop", [WEATHER])
+    assert message == {"role": "assistant", "content": text} and reason == "stop"
+
+
+def test_every_call_the_server_answers_goes_back_in_the_next_turn():
+    message, reason = chat_message(TWO_CALLS, "stop", [WEATHER, TIME])
+    assert reason == "tool_calls" and len(message["tool_calls"]) == 2
+    replies = [{"role": "tool", "tool_call_id": call["id"], "content": "ok"} for call in message["tool_calls"]]
+    request = parse_chat({**CHAT, "tools": [WEATHER, TIME], "messages": CHAT["messages"] + [message] + replies})
+    assert [call["function"]["name"] for call in request.prompt[1]["tool_calls"]] == ["get_weather", "get_time"]
