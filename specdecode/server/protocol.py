@@ -158,16 +158,15 @@ def _stop(body: dict) -> list[str]:
 
 
 def _unset(value) -> bool:
-    """An OpenAI field left at its default: absent, null, false, 0, empty, or the text-only choices."""
-    if value is None or value is False or value in ("", [], {}, ["text"], {"type": "text"}):
+    """An OpenAI field left at its default: absent, null, false, 0, empty, the text-only choices, or "disabled"
+    (Responses' truncation)."""
+    if value is None or value is False or value in ("", [], {}, ["text"], {"type": "text"}, "disabled"):
         return True
     return not isinstance(value, bool) and isinstance(value, (int, float)) and value in (0, 1)  # n, best_of: 1
 
 
-def _check_fields(body: dict, kind: str) -> None:
-    """The rule above: refuse what this server would otherwise ignore or do differently."""
-    implemented = IMPLEMENTED["common"] | IMPLEMENTED[kind]
-    unsupported = UNSUPPORTED_CHAT if kind == "chat" else UNSUPPORTED_COMPLETION
+def check_fields(body: dict, implemented: set[str], unsupported: set[str]) -> None:
+    """The rule above: refuse what this server would otherwise ignore or do differently (Responses' body too)."""
     for name, value in body.items():
         if name in implemented or name in IGNORED:
             continue
@@ -199,7 +198,7 @@ def _speculative(body: dict) -> tuple[str | None, int | str]:
 
 
 def _common(body: dict, kind: str, prompt, max_tokens_field: str = "max_tokens") -> GenerationRequest:
-    _check_fields(body, kind)
+    check_fields(body, IMPLEMENTED["common"] | IMPLEMENTED[kind], UNSUPPORTED_CHAT if kind == "chat" else UNSUPPORTED_COMPLETION)
     model = _string(body, "model", required=True)
     n = _integer(body, "n", 1, minimum=1, maximum=MAX_CHOICES)
     temperature = _number(body, "temperature", 1.0)

@@ -26,10 +26,18 @@ from typing import Callable
 from fastapi import FastAPI, Request
 
 from ..grammar import GrammarSpec
-from .protocol import ApiError, GenerationRequest, parse_chat
+from .protocol import ApiError, GenerationRequest, check_fields, parse_chat
 from .tools import ToolCallStream, function_definition, parse_tool_calls
 
 INPUT_ROLES = {"user", "system", "developer", "assistant"}
+# The body's fields under chat's rule (protocol.check_fields): these are used; chat's extensions (and stop) pass
+# through to the chat request as they are; OpenAI's that are not implemented here are a 400 unless left at their
+# default (a background run, a stored conversation, logprobs, truncation "auto", ...); any other name is a 400.
+RESPONSES_FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "seed", "stream",
+                    "previous_response_id", "tools", "tool_choice", "parallel_tool_calls", "text", "user", "speculative"}
+CHAT_EXTENSIONS = ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "stop")
+UNSUPPORTED_RESPONSES = {"background", "conversation", "include", "top_logprobs", "truncation", "prompt",
+                         "max_tool_calls", "reasoning", "stream_options"}
 TEXT_PARTS = {"input_text", "output_text"}
 
 
@@ -203,15 +211,14 @@ def chat_request(body: dict, history: list[dict]) -> tuple[GenerationRequest, li
     for name in ("store", "stream", "parallel_tool_calls"):
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise _bad(name, f"'{name}' must be a boolean", "invalid_type")
-    if body.get("reasoning") is not None:
-        raise _bad("reasoning", "'reasoning' is not supported by this server", "unsupported_parameter")
+    check_fields(body, RESPONSES_FIELDS | set(CHAT_EXTENSIONS), UNSUPPORTED_RESPONSES)
     conversation = history + input_messages(body.get("input"))
     tools, choice = chat_tools(body)
     chat = {"model": body.get("model"), "messages": ([{"role": "system", "content": instructions}] if instructions else [])
             + conversation, "max_completion_tokens": body.get("max_output_tokens"), "temperature": body.get("temperature"),
             "top_p": body.get("top_p"), "seed": body.get("seed"), "stream": body.get("stream"), "user": body.get("user"),
             "speculative": body.get("speculative"), "tools": tools, "tool_choice": choice,
-            "parallel_tool_calls": body.get("parallel_tool_calls")}
+            "parallel_tool_calls": body.get("parallel_tool_calls"), **{name: body.get(name) for name in CHAT_EXTENSIONS}}
     try:
         gen = parse_chat({key: value for key, value in chat.items() if value is not None})
     except ApiError as exc:  # name the Responses field
