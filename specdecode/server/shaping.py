@@ -117,10 +117,7 @@ class Shaper:
                      "stats": client_stats(step.stats, self.expose_timings)}
         if step.replica is not None:
             extension["replica"] = step.replica
-        extra = {"specdecode": extension}
-        if step.finished:
-            extra["usage"] = usage_of(step.stats, self.expose_timings)
-        return extra
+        return {"specdecode": extension}
 
 
 class ChunkStream:
@@ -155,10 +152,12 @@ class ChunkStream:
         return payload
 
     def step_chunks(self, step: Step) -> list[dict]:
-        """The chunks of one step: its text (or tool-call deltas), then the usage chunk after the last step."""
+        """The chunks of one step: its text (or tool-call deltas), then, after the last step and only where the
+        request asked (stream_options.include_usage), one chunk with the usage and no choices, as OpenAI sends it.
+        The last text chunk carried the usage too: clients that add up every chunk's usage (LangChain) counted twice."""
         extra = self.shaper.step_extension(step)
-        if self.usages is not None and "usage" in extra:  # one choice of several: its usage joins the others'
-            self.usages.append(extra.pop("usage"))
+        if step.finished and self.usages is not None:  # one choice of several: its usage joins the others'
+            self.usages.append(usage_of(step.stats, self.shaper.expose_timings))
         if self.calls is not None:  # text outside calls as content, each call as tool_calls deltas
             deltas = self.calls.feed(step.text) + (self.calls.finish() if step.finished else [])
             reason = finish_reason(step.finish_reason, len(self.calls.completed)) if step.finished else None

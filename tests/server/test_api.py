@@ -279,3 +279,24 @@ def test_responses_carry_no_timings_unless_the_operator_exposes_them(client, liv
         assert answer["specdecode"]["stats"]["time"]["prefill"] > 0 and "tokens_per_s" in answer["usage"]
     finally:
         exposed.stop()
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_stream_carries_its_usage_once_and_only_when_asked(client, kind, include_usage):
+    """The last text chunk carried `usage` even without stream_options.include_usage, and with it the usage came
+    twice: LangChain's ChatOpenAI(stream_usage=True) adds up every chunk's usage and reported double the tokens.
+    OpenAI sends it once, in a last chunk with no choices, and only when asked."""
+    options = {"stream_options": {"include_usage": True}} if include_usage else {}
+    if kind == "chat":
+        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+                                                stream=True, **options, **GREEDY)
+    else:
+        stream = client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=5, stream=True, **options, **GREEDY)
+    chunks = list(stream)
+    with_usage = [chunk for chunk in chunks if chunk.usage is not None]
+    if not include_usage:
+        assert with_usage == []
+    else:
+        assert len(with_usage) == 1 and with_usage[0] is chunks[-1] and with_usage[0].choices == []
+        assert with_usage[0].usage.completion_tokens == 5
