@@ -446,16 +446,19 @@ class Scheduler:
                 messages.append((job, ("error", error)))
                 continue
             for event in ticket.events[seen.get(id(ticket), 0):]:
-                messages.append((job, ("step", self._as_step(event))))
+                messages.append((job, ("step", self._as_step(event, ticket.reused or 0))))
         return messages
 
-    def _as_step(self, event) -> Step:
+    def _as_step(self, event, cached_tokens: int = 0) -> Step:
+        """cached_tokens: prompt tokens the request found in its cache (its own client's earlier text, or a choice's
+        sibling), OpenAI's usage.prompt_tokens_details.cached_tokens."""
         stats = event.stats
         # "cancelled" is the engine's word; the only client that can still read it is one whose generation
         # the server cut at shutdown, for which OpenAI's vocabulary says "length".
         reason = ("length" if stats.finish_reason == "cancelled" else stats.finish_reason) if event.finished else None
         return Step(event.text, list(event.tokens), list(event.origins), list(event.pieces),
-                    stats.brief(), event.finished, reason, stats if event.finished else None, sources=list(event.sources),
+                    {**stats.brief(), "cached_tokens": cached_tokens}, event.finished, reason,
+                    stats if event.finished else None, sources=list(event.sources),
                     logprobs=describe(self.engine.tokenizer, self.engine.target.vocab_size, event.logprobs))
 
     def _finish(self, job: Job, event: tuple) -> None:

@@ -15,9 +15,10 @@ from .protocol import GenerationRequest
 from .scheduler import Step
 from .tools import ToolCallStream, chat_message, finish_reason
 
-# Figures a client could read other clients' activity from: how long its prefill took (whether a prefix was already
-# cached), what the passes it shared cost, whether it paid for a calibration. Out of responses unless --expose-timings.
-TIMING_STATS = frozenset({"tokens_per_s", "time", "predicted_speedup", "notes"})
+# Figures a client could read other clients' activity from: how long its prefill took and how much of its prompt was
+# cached (its own earlier prefix is still in a slot unless others' requests took it), what the passes it shared cost,
+# whether it paid for a calibration. Out of responses unless --expose-timings.
+TIMING_STATS = frozenset({"tokens_per_s", "time", "predicted_speedup", "notes", "cached_tokens"})
 
 
 def client_stats(stats: dict, expose_timings: bool) -> dict:
@@ -31,6 +32,8 @@ def usage_of(stats: dict, expose_timings: bool = False) -> dict:
         "completion_tokens": stats["generated_tokens"],
         "total_tokens": stats["prompt_tokens"] + stats["generated_tokens"],
         **{name: stats[name] for name in ("drafter", "drafted", "accepted", "alpha", "tau", "target_passes")},
+        # OpenAI's shape always; the figure only where timings are exposed (TIMING_STATS says why)
+        "prompt_tokens_details": {"cached_tokens": stats.get("cached_tokens", 0) if expose_timings else 0},
     }
     if expose_timings:
         usage["tokens_per_s"] = stats["tokens_per_s"]
