@@ -109,7 +109,7 @@ class ChatApi:
         key_id = self.check_api_key(request)
         body = await read_json_body(request)
         gen = parse_chat(body) if kind == "chat" else parse_completion(body)
-        if gen.n > 1:
+        if gen.n > 1 or gen.prompts:
             return await self.generate_choices(request, gen, key_id)
         return await self.run_generation(request, gen, key_id, self._answer(gen),
                                          lambda ticket: ChunkStream(self.shaper, gen).events(ticket))
@@ -131,7 +131,7 @@ class ChatApi:
             lambda ticket: ChunkStream(self.shaper, one, index, joined_id, usages).events(ticket)))
         if not gen.stream:
             gone = next((part for part in parts if not isinstance(part, dict)), None)  # a client gone: 499
-            return gone if gone is not None else joined_body(parts)
+            return gone if gone is not None else joined_body(parts, gen.n)
         head = {"id": joined_id, "object": "chat.completion.chunk" if gen.kind == "chat" else "text_completion",
                 "model": self.model_name}
         return ChoicesStreamingResponse(parts, lambda: stream_end(gen, head, usages), media_type="text/event-stream",

@@ -73,6 +73,7 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     grammar: GrammarSpec | None = None  # what the answer must match (response_format, a compulsory tool call)
     n: int = 1  # answers to generate (server/choices.py): choice i samples with seed + i
+    prompts: list | None = None  # completions only: OpenAI's batch of prompts, each answered with n choices
 
     def engine_controls(self) -> LogitControls | None:
         """What the engine applies to each row: the controls with the grammar."""
@@ -342,13 +343,18 @@ def parse_completion(body: dict) -> GenerationRequest:
     prompt = body.get("prompt")
     if prompt is None:
         raise _bad("prompt", "you must provide 'prompt'", "missing_required_parameter")
-    if isinstance(prompt, list) and len(prompt) == 1 and (isinstance(prompt[0], str) or _is_token_ids(prompt[0])):
-        prompt = prompt[0]  # a batch of one
+    prompts = None
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise _bad("prompt", f"batched prompts are not supported: send one prompt per request (got {len(prompt)})")
+        # a batch: strings, or arrays of token ids, not the two mixed (OpenAI's types)
+        if not (all(isinstance(p, str) for p in prompt) or all(_is_token_ids(p) for p in prompt)):
+            raise _bad("prompt", "a batch of prompts must be all strings or all arrays of token ids", "invalid_type")
+        prompts, prompt = (prompt if len(prompt) > 1 else None), prompt[0]
     if not (isinstance(prompt, str) or _is_token_ids(prompt)):
-        raise _bad("prompt", f"'prompt' must be a string or an array of token ids, got {_describe(prompt)}", "invalid_type")
-    return _common(body, "completion", prompt)
+        raise _bad("prompt", f"'prompt' must be a string, an array of token ids, or an array of either, got"
+                   f" {_describe(prompt)}", "invalid_type")
+    request = _common(body, "completion", prompt)
+    request.prompts = prompts
+    return request
 
 
 def _message_text(content, index: int) -> str:
