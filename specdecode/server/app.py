@@ -30,7 +30,7 @@ from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
 from .responses import ChatHost, register_responses
 from .scheduler import Scheduler
-from .shaping import ChunkStream, Shaper, gather_steps, response_id
+from .shaping import ChunkStream, Shaper, fingerprint, gather_steps, response_id
 
 log = logging.getLogger("specdecode.server")
 # What /health tells anyone: whether to send requests here and what this server is. Its counts (queued, running,
@@ -60,7 +60,7 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: ApiKeys |
     scheduler = Scheduler(engine, default_drafter, queue_size, metrics, default_max_tokens, max_k, max_batch)
     app = create_http_app(LocalBackend(scheduler, warmup), model_name, metrics, api_key=api_key,
                           allowed_hosts=allowed_hosts, cors_origins=cors_origins, metrics_key=metrics_key,
-                          expose_timings=expose_timings)
+                          expose_timings=expose_timings, fingerprint=fingerprint(engine))
     app.state.scheduler = scheduler
     app.state.engine = engine
     return app
@@ -133,7 +133,7 @@ class ChatApi:
             gone = next((part for part in parts if not isinstance(part, dict)), None)  # a client gone: 499
             return gone if gone is not None else joined_body(parts, gen.n)
         head = {"id": joined_id, "object": "chat.completion.chunk" if gen.kind == "chat" else "text_completion",
-                "model": self.model_name}
+                "model": self.model_name, "system_fingerprint": self.shaper.fingerprint}
         return ChoicesStreamingResponse(parts, lambda: stream_end(gen, head, usages), media_type="text/event-stream",
                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -237,7 +237,7 @@ def add_routes(app: FastAPI, api: ChatApi, metrics: ServerMetrics) -> None:
 
 def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key: ApiKeys | str | None = None,
                     allowed_hosts: set[str] | None = None, cors_origins: list[str] = (), metrics_key: str | None = None,
-                    expose_timings: bool = False) -> FastAPI:
+                    expose_timings: bool = False, fingerprint: str | None = None) -> FastAPI:
     """The routes, errors and streaming around a generation backend (the interface is in local.py).
     `metrics` counts this app's HTTP requests and errors (and, for a local backend, its generations)."""
 
@@ -256,7 +256,7 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                        metrics_key=metrics_key)
     app.add_middleware(RequestCounter, metrics=metrics)
     add_error_handlers(app, metrics)
-    api = ChatApi(backend, model_name, ApiKeys.of(api_key), Shaper(model_name, expose_timings))
+    api = ChatApi(backend, model_name, ApiKeys.of(api_key), Shaper(model_name, expose_timings, fingerprint))
     register_responses(app, api.chat_host())
     add_routes(app, api, metrics)
     return app

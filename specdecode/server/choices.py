@@ -81,7 +81,7 @@ def joined_body(bodies: list[dict], n: int) -> dict:
 def stream_end(gen: GenerationRequest, head: dict, usages: list[dict]):
     """The joined stream's last events: the usage of every choice (where asked for), then [DONE]."""
     if gen.include_usage and len(usages) == len(gen.prompts or [gen.prompt]) * gen.n:
-        chunk = {**head, "created": int(time.time()), "system_fingerprint": None, "choices": [],
+        chunk = {**head, "created": int(time.time()), "choices": [],
                  "usage": sum_usage(usages, gen.n)}
         yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
     yield "data: [DONE]\n\n"

@@ -40,6 +40,20 @@ def usage_of(stats: dict, expose_timings: bool = False) -> dict:
     return usage
 
 
+def fingerprint(engine) -> str:
+    """OpenAI's system_fingerprint: what decides an answer's bits besides the request (the model file, its precision
+    and backend, the device, the instruction-set paths the kernels run, whether blocks are row-exact), so a client
+    can tell that two answers came from the same configuration. The draft model is not in it: output is lossless."""
+    import hashlib
+
+    from ..kernels import quant_isa_paths
+
+    target = engine.target
+    parts = [target.name, target.path.name, target.precision, target.backend,
+             str(getattr(target.model, "device", "cpu")), ",".join(quant_isa_paths()), str(engine.inexact)]
+    return "fp_" + hashlib.sha256("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
 def response_logprobs(gen: GenerationRequest, entries: list[dict], text_offset: int = 0) -> dict | None:
     """The choice's `logprobs` field: None unless the request asked for them."""
     if gen.controls is None or gen.controls.logprobs is None:
@@ -94,6 +108,7 @@ class Shaper:
 
     model_name: str
     expose_timings: bool = False
+    fingerprint: str | None = None  # system_fingerprint (None where the engine is elsewhere: a cluster's entry point)
 
     def completion_body(self, gen: GenerationRequest, done: Gathered) -> dict:
         """The whole answer of a request that did not ask to stream."""
@@ -112,7 +127,7 @@ class Shaper:
             extension["replica"] = step.replica
         return {"id": response_id(gen.kind), "object": "chat.completion" if gen.kind == "chat" else "text_completion",
                 "created": int(time.time()), "model": self.model_name, "choices": [choice],
-                "usage": usage_of(step.stats, self.expose_timings), "system_fingerprint": None,
+                "usage": usage_of(step.stats, self.expose_timings), "system_fingerprint": self.fingerprint,
                 "specdecode": extension}
 
     def step_extension(self, step: Step) -> dict:
@@ -149,7 +164,8 @@ class ChunkStream:
         else:
             choice = {"index": self.index, "text": text or "", "logprobs": described, "finish_reason": finish_reason}
         payload = {"id": self.id, "object": "chat.completion.chunk" if self.gen.kind == "chat" else "text_completion",
-                   "created": self.created, "model": self.shaper.model_name, "system_fingerprint": None,
+                   "created": self.created, "model": self.shaper.model_name,
+                   "system_fingerprint": self.shaper.fingerprint,
                    "choices": [choice]}
         payload.update(extra or {})
         return payload

@@ -333,3 +333,14 @@ def test_cached_tokens_counts_the_reused_prefix_where_timings_are_exposed(client
         assert 0 < second.usage.prompt_tokens_details.cached_tokens < second.usage.prompt_tokens
     finally:
         exposed.stop()
+
+
+def test_answers_carry_the_configurations_fingerprint(client, live_server):
+    """system_fingerprint was always null; it names what decides the bits (model file, precision, kernel path)."""
+    from specdecode.server.shaping import fingerprint
+
+    expected = fingerprint(live_server.engine)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1, **GREEDY)
+    stream = client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=2, stream=True, **GREEDY)
+    assert expected.startswith("fp_") and chat.system_fingerprint == expected
+    assert {chunk.system_fingerprint for chunk in stream} == {expected}
