@@ -277,8 +277,9 @@ def _may_be_bare_call(text: str) -> bool:
 
 def parse_tool_calls(text: str, tools: list[dict] | None = None, parallel: bool = True) -> tuple[str | None, list[dict]]:
     """(content, calls) of an answer: the calls of its complete `<tool_call>` blocks, in order, and the text
-    outside them, stripped (None when empty). A block that holds no valid call, or one cut off, stays text; an
-    answer that is a call to one of `tools` without the tags is that call. Without `parallel`, the first call only."""
+    outside them, stripped (None when empty). A block that holds no valid call stays text; one cut off (the answer
+    ends inside it: max_tokens) is neither; an answer that is a call to one of `tools` without the tags is that call.
+    Without `parallel`, the first call only."""
     stream = ToolCallStream(parallel, tools)
     stream.feed(text)
     stream.finish()
@@ -335,7 +336,9 @@ class ToolCallStream:
             return out
 
     def finish(self) -> list[dict]:
-        """The deltas of what is held at the end: a cut-off call is text; trailing whitespace is dropped."""
+        """The deltas of what is held at the end; trailing whitespace is dropped. A call cut off (the answer ends inside
+        its block, at max_tokens) is dropped: half a call is no call, and as content it showed clients the template's
+        markup and half a JSON object as the answer (the finish reason, "length", says the answer was cut)."""
         if self.holding:
             self.holding = False
             call = _bare_call(self.pending, self.tools)
@@ -343,7 +346,7 @@ class ToolCallStream:
                 self.pending = ""
                 return self._call_deltas(call)
             return self.feed("") + self.finish()
-        rest = (TOOL_OPEN if self.inside else "") + self.pending
+        rest = "" if self.inside else self.pending
         self.pending, self.inside = "", False
         return self._text(rest)
 

@@ -127,3 +127,22 @@ def test_a_compulsory_call_is_the_same_with_every_drafter(qwen_client, sampling)
         for drafter in ("lookup", "suffix", "auto"):
             assert call(drafter) == plain, (drafter, choice)
     assert rejected > 0, "no draft was refused: the equality above never saw the verifier reject anything"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_off_by_max_tokens_is_no_content(qwen_client, stream):
+    """The answer cut inside its <tool_call> block came back as content: the template's markup and half a JSON
+    object, shown to the user as the answer. Half a call is neither a call nor content; "length" says it was cut.
+    (tool_choice "required": its grammar makes the answer start with the tag, where this small model may call bare.)"""
+    answer = qwen_client.chat.completions.create(model=QWEN, messages=QUESTION, tools=[WEATHER], temperature=0,
+                                                 tool_choice="required", max_tokens=6, stream=stream)
+    content, calls, finish = "", [], None
+    for chunk in (answer if stream else [answer]):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        part = choice.delta if stream else choice.message
+        content += part.content or ""
+        calls += part.tool_calls or []
+        finish = choice.finish_reason or finish
+    assert finish == "length" and calls == [] and "<tool_call>" not in content and "{" not in content

@@ -40,7 +40,7 @@ def test_parse_calls_and_the_text_around_them():
     ("  \n", None),
     (call_block("get_time", {}), None),
     ("<tool_call>\nnot json\n</tool_call> after", "<tool_call>\nnot json\n</tool_call> after"),  # no call: stays text
-    ("cut off <tool_call>\n{\"name\": \"get_ti", "cut off <tool_call>\n{\"name\": \"get_ti"),
+    ("cut off <tool_call>\n{\"name\": \"get_ti", "cut off"),  # half a call: neither a call nor content
     ("a <tool_call", "a <tool_call"),
 ])
 def test_text_that_holds_no_complete_call_stays_text(text, content):
