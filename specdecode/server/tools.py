@@ -178,11 +178,16 @@ def _past_call(call, param: str) -> dict:
 
 
 # ---------------------------------------------------------------------- the grammar of a compulsory call
+def forces_call(tool_choice: str | dict) -> bool:
+    """Whether the answer must be a call ("required", or a named function): a grammar then constrains it."""
+    return tool_choice == "required" or isinstance(tool_choice, dict)
+
+
 def tool_grammar(tools: list[dict] | None, tool_choice: str | dict, parallel: bool = True) -> str | None:
     """A grammar (llguidance's Lark dialect) that admits only calls, in the template's format: to any of the tools
     for "required", to the named one for {"type": "function", ...}; one call, or several when `parallel`. None when
     the model chooses ("auto") or must not call ("none"). Arguments follow each tool's parameter schema."""
-    if not tools or not (tool_choice == "required" or isinstance(tool_choice, dict)):
+    if not tools or not forces_call(tool_choice):
         return None
     if isinstance(tool_choice, dict):
         tools = [tool for tool in tools if tool["function"]["name"] == tool_choice["function"]["name"]]
@@ -210,16 +215,16 @@ def call_schema(function: dict) -> dict:
 
 
 def tool_constraint(tools: list[dict] | None, tool_choice: str | dict, parallel: bool = True) -> GrammarSpec | None:
-    """The grammar a request with a compulsory call carries (GenerationRequest.grammar), its schemas checked."""
+    """The grammar a request with a compulsory call carries (GenerationRequest.grammar). Its schemas are checked
+    later (check_tool_grammar, by the scheduler's tokenizing): compiling 128 large schemas takes seconds, which
+    must not run on the event loop nor before the request holds a place in the queue."""
     grammar = tool_grammar(tools, tool_choice, parallel)
-    if grammar is None:
-        return None
-    check_tool_grammar(tools)
-    return GrammarSpec("lark", grammar)
+    return None if grammar is None else GrammarSpec("lark", grammar)
 
 
 def check_tool_grammar(tools: list[dict]) -> None:
-    """400 naming the tool whose parameter schema the grammar engine (llguidance) cannot compile, if installed."""
+    """400 naming the tool whose parameter schema the grammar engine (llguidance) cannot compile, if installed.
+    Seconds for many large schemas: call it off the event loop."""
     try:
         import llguidance
     except ImportError:
