@@ -26,7 +26,7 @@ from ..sampling import SamplingParams
 from .metrics import ServerMetrics
 from .logprobs import describe
 from .protocol import ApiError, GenerationRequest
-from .tools import check_tool_grammar, forces_call
+from .tools import compulsory_call, forces_call
 
 log = logging.getLogger("specdecode.server")
 
@@ -373,10 +373,12 @@ class Scheduler:
     def _encode(self, request: GenerationRequest) -> list[int]:
         try:  # the engine checks token ids and emptiness; the API names the field at fault
             if request.tools:  # listed by the chat template
-                if forces_call(request.tool_choice):  # every schema compiles (in this thread, in a queue place)
-                    check_tool_grammar(request.tools)
                 tokenizer = self.engine.tokenizer
-                return tokenizer.encode(tokenizer.chat_prompt(request.prompt, tools=request.tools))
+                prompt = tokenizer.chat_prompt(request.prompt, tools=request.tools)
+                if forces_call(request.tool_choice):  # in this thread, in a queue place: see compulsory_call
+                    request.grammar = compulsory_call(request.tools, request.tool_choice, request.parallel_tool_calls,
+                                                      tokenizer)
+                return tokenizer.encode(prompt)
             return self.engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
         except ToolsUnsupported as exc:
             raise ApiError(400, str(exc), param="tools", code="tools_unsupported") from None

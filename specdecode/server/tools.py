@@ -183,10 +183,13 @@ def forces_call(tool_choice: str | dict) -> bool:
     return tool_choice == "required" or isinstance(tool_choice, dict)
 
 
-def tool_grammar(tools: list[dict] | None, tool_choice: str | dict, parallel: bool = True) -> str | None:
+def tool_grammar(tools: list[dict] | None, tool_choice: str | dict, parallel: bool = True,
+                 tags_are_tokens: bool = True) -> str | None:
     """A grammar (llguidance's Lark dialect) that admits only calls, in the template's format: to any of the tools
     for "required", to the named one for {"type": "function", ...}; one call, or several when `parallel`. None when
-    the model chooses ("auto") or must not call ("none"). Arguments follow each tool's parameter schema."""
+    the model chooses ("auto") or must not call ("none"). Arguments follow each tool's parameter schema.
+    tags_are_tokens: the tags are tokens of their own (Qwen2.5's vocabulary), named as such; else text, spelled out
+    in whatever tokens the vocabulary has (a Hermes-format template on another model: call_format)."""
     if not tools or not forces_call(tool_choice):
         return None
     if isinstance(tool_choice, dict):
@@ -195,9 +198,9 @@ def tool_grammar(tools: list[dict] | None, tool_choice: str | dict, parallel: bo
     repeat = ' ("\\n" call)*' if parallel else ""
     # A newline may end the calls: after "</tool_call>" the model writes "\n" before ending its turn, and a grammar
     # in which "\n" can only start another call makes it call again and again until max_tokens.
+    open_tag, close_tag = (TOOL_OPEN, TOOL_CLOSE) if tags_are_tokens else (json.dumps(TOOL_OPEN), json.dumps(TOOL_CLOSE))
     lines = [f"start: call{repeat} \"\\n\"?",
-             # the tags are single (special) tokens of the Qwen vocabulary, named as such
-             f"call: {TOOL_OPEN} \"\\n\" ({alternatives}) \"\\n\" {TOOL_CLOSE}"]
+             f"call: {open_tag} \"\\n\" ({alternatives}) \"\\n\" {close_tag}"]
     for index, tool in enumerate(tools):
         schema = call_schema(tool["function"])
         lines.append(f"call_{index}: %json {json.dumps(schema, ensure_ascii=False)}")
@@ -214,10 +217,33 @@ def call_schema(function: dict) -> dict:
             "required": ["name", "arguments"], "additionalProperties": False, **definitions}
 
 
+def call_format(tokenizer) -> str:
+    """How this model writes a call: "tokens" (its template writes <tool_call>, a token of its own: Qwen2.5), "text"
+    (its template writes the tags, its vocabulary spells them out), or "" (its template has no <tool_call> format,
+    so no call can be forced in it)."""
+    hf = tokenizer.hf
+    if TOOL_OPEN not in str(getattr(hf, "chat_template", None) or ""):
+        return ""
+    ids = [hf.convert_tokens_to_ids(tag) for tag in (TOOL_OPEN, TOOL_CLOSE)]
+    return "tokens" if all(i is not None and i != hf.unk_token_id for i in ids) else "text"
+
+
+def compulsory_call(tools: list[dict], tool_choice: str | dict, parallel: bool, tokenizer) -> GrammarSpec:
+    """The grammar of a compulsory call as this model writes calls: every schema checked (seconds for many large
+    ones: call it off the event loop), and a 400 naming tool_choice where the model has no call format."""
+    check_tool_grammar(tools)
+    form = call_format(tokenizer)
+    if not form:
+        raise _bad("tool_choice", "this model's chat template has no <tool_call> format (Qwen2.5/Hermes), so a call"
+                   " cannot be made compulsory; send tool_choice \"auto\" and read the calls the model makes")
+    return GrammarSpec("lark", tool_grammar(tools, tool_choice, parallel, tags_are_tokens=form == "tokens"))
+
+
 def tool_constraint(tools: list[dict] | None, tool_choice: str | dict, parallel: bool = True) -> GrammarSpec | None:
-    """The grammar a request with a compulsory call carries (GenerationRequest.grammar). Its schemas are checked
-    later (check_tool_grammar, by the scheduler's tokenizing): compiling 128 large schemas takes seconds, which
-    must not run on the event loop nor before the request holds a place in the queue."""
+    """The grammar a request with a compulsory call carries (GenerationRequest.grammar), in Qwen2.5's format. The
+    scheduler's tokenizing replaces it with compulsory_call's, which checks the schemas (compiling 128 large ones
+    takes seconds, which must not run on the event loop nor before the request holds a place in the queue) and
+    fits the tags to the model."""
     grammar = tool_grammar(tools, tool_choice, parallel)
     return None if grammar is None else GrammarSpec("lark", grammar)
 
