@@ -68,8 +68,11 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits [T, V] -> processed probabilities [T, V] (float32). Not for greedy decoding."""
     logits = logits.float()
     # Subtracting the maximum before dividing keeps a tiny temperature finite (the top token at 0, the
-    # rest at -inf at worst) where logits / 1e-40 overflowed to inf - inf = NaN.
-    logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature
+    # rest at -inf at worst) where logits / 1e-40 overflowed to inf - inf = NaN. A temperature below float32's
+    # smallest normal number became 0 in the division (the top token 0 / 0 = NaN: no mass to sample, a failed pass
+    # for every request in it): the smallest normal divides as any smaller one would, up to subnormal differences.
+    temperature = max(params.temperature, torch.finfo(torch.float32).tiny)
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
     if params.min_p > 0:  # the top token sits at 0: p(i) / p(top) = exp(logit_i)
         logits = logits.masked_fill(logits < math.log(params.min_p), float("-inf"))
     if params.top_k and params.top_k < logits.shape[-1]:

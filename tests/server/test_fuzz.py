@@ -45,7 +45,7 @@ BASES = {
     "responses": {"model": MODEL, "input": "hi", "max_output_tokens": 2},
 }
 # Values a client can put where the server parses further: a tool call's arguments, a schema, a past call.
-shaped = st.sampled_from([
+SHAPED = [
     {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[" * 5000}}]}]},
     {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": '{"a": ' * 1500},
@@ -56,8 +56,11 @@ shaped = st.sampled_from([
     {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}},
     {"logit_bias": {"1" * 5000: 1}},
     {"logit_bias": {"5": 10**400}},
+    {"temperature": 10**400},
+    {"temperature": 1e-300},  # valid, and 0 in float32: the pass it joined failed for every request in it
     {},
-])
+]
+shaped = st.sampled_from(SHAPED)
 
 
 def encode(body: dict) -> bytes:

@@ -154,3 +154,24 @@ def test_a_client_minting_tokens_cannot_evict_another_clients_stored_responses(p
         client_at(proxied_server, "10.0.0.2", f"attacker-{token}").responses.create(**ask)
     assert victim.responses.retrieve(kept.id).id == kept.id
     assert victim.responses.create(**ask, previous_response_id=kept.id).previous_response_id == kept.id
+
+
+def test_bad_bodies_beside_a_running_generation_leave_it_its_solo_tokens(client, live_server, victim_alone):
+    """Each body that once crashed a request (or, through the engine thread, everyone's) answered beside a running
+    stream: each a 4xx, and the stream ends with the tokens it gets alone."""
+    import httpx
+
+    from .test_fuzz import BASES, SHAPED, encode
+
+    def attack():
+        statuses = []
+        for route, base in BASES.items():
+            for shape in SHAPED:
+                raw = encode({**base, **shape})
+                statuses.append(httpx.post(f"{live_server.api_url}/{route}", content=raw, timeout=60,
+                                           headers={"Content-Type": "application/json"}).status_code)
+        return statuses
+
+    victim, statuses = run_beside_victim(client, attack)
+    assert max(statuses) < 500, statuses
+    assert victim == victim_alone.text
