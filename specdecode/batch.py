@@ -198,7 +198,7 @@ class BatchEngine:
             # Each request's share of the pass, by its rows: what its verify time is taken to be (its tuning
             # judges drafting by it; the pass's cost by its total rows is recorded above).
             share = seconds if solo else seconds * seg.rows / rows
-            self._emit(ticket, ticket.generation.apply(out, start, share, solo=solo))
+            self._apply(ticket, out, start, share, solo)
         for ticket, chunk in reads:
             ticket.generation.read(chunk)
             if not ticket.pending:
@@ -232,6 +232,17 @@ class BatchEngine:
         if proposal is None:
             self._emit(ticket, generation.end_now("length"))
         return proposal
+
+    def _apply(self, ticket: Ticket, logits, start: int, seconds: float, solo: bool) -> None:
+        """The request's verdict on its own rows. A failure there (something its own settings met) ends that request
+        only: the other requests' rows were computed apart, and their verdicts are theirs."""
+        try:
+            self._emit(ticket, ticket.generation.apply(logits, start, seconds, solo=solo))
+        except Exception as exc:
+            ticket.error = exc
+            ticket.slot.forget()  # its cache may hold rows of a verdict never reached
+            if ticket.on_event is not None:
+                ticket.on_event(ticket, None)
 
     def _emit(self, ticket: Ticket, event: StreamEvent) -> None:
         ticket.events.append(event)

@@ -445,6 +445,8 @@ class Scheduler:
                 self.metrics.record_prefix_reuse(ticket.reused)
             if ticket.error is not None:
                 exc = ticket.error
+                if not isinstance(exc, (ApiError, SpecDecodeError)):
+                    log.error("a request failed in the engine", exc_info=exc)
                 error = exc if isinstance(exc, ApiError) else ApiError(
                     400 if isinstance(exc, SpecDecodeError) else 500, str(exc),
                     code="invalid_request" if isinstance(exc, SpecDecodeError) else "generation_failed")

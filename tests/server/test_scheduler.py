@@ -397,3 +397,36 @@ def test_one_client_filling_the_queue_leaves_room_for_another():
 
     flooded, refused, other = asyncio.run(scenario())
     assert refused.status == 429 and flooded == 9 and other.state == "queued"
+
+
+def test_a_request_failing_in_its_verdict_fails_alone(monkeypatch):
+    """One request's exception in the batch's pass (a temperature of 1e-300 made NaN probabilities) failed the pass:
+    every request in it got a 500. Its verdict is its own: it fails alone, the others keep their tokens."""
+    from specdecode.generation import Generation
+
+    apply = Generation.apply
+
+    def broken_for_b(self, *args, **kwargs):
+        if self.request.namespace == "b":
+            raise ValueError("sampling from a distribution with no mass")
+        return apply(self, *args, **kwargs)
+
+    monkeypatch.setattr(Generation, "apply", broken_for_b)
+    engine = tiny_engine(max_context=64)
+    solo = engine.generate([1, 2, 3], drafter="none", max_new_tokens=6).token_ids
+
+    async def scenario():
+        scheduler = Scheduler(engine, "none", 4, ServerMetrics("fake"))
+        worker = asyncio.create_task(scheduler.run())
+        a = Job(request([1, 2, 3], 6), user_key="a", namespace="a")
+        b = Job(request([4, 5, 6], 6), user_key="b", namespace="b")
+        scheduler.submit(a)
+        scheduler.submit(b)
+        results = await drain(a), await drain(b)
+        worker.cancel()
+        scheduler.close()
+        return results
+
+    a_events, b_events = asyncio.run(scenario())
+    assert [t for kind, step in a_events if kind == "step" for t in step.tokens] == solo
+    assert b_events[-1][0] == "error" and b_events[-1][1].status == 500
