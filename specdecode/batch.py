@@ -29,6 +29,7 @@ from .errors import InputError
 from .generation import Generation, StreamEvent
 from .models.transformer import Segment
 from .sampling import SamplingParams
+from .stats import GenerationStats
 
 
 class Slot:
@@ -50,8 +51,12 @@ class Slot:
         return build_drafter(self, self._drafters, name)
 
     def forget(self) -> None:
+        """Drop what the slot holds of its earlier requests: the target cache, and each drafter's state (a draft
+        model's cache holds a prompt too; the next client's draft prefill must not find another client's prefix)."""
         self.cache.truncate(0)
         self.cached_ids = []
+        for drafter in self._drafters.values():
+            drafter.reset()
 
 
 @dataclass(eq=False)
@@ -128,7 +133,7 @@ class BatchEngine:
         return [ticket.result() for ticket in tickets]
 
     def cancel(self, ticket: Ticket) -> None:
-        """End the request at the next pass (finish_reason "cancelled"), or drop it if it has not started."""
+        """End the request at the next pass (finish_reason "cancelled"; with no tokens if it has not started)."""
         ticket.cancelled = True
 
     def abandon(self) -> None:
@@ -193,7 +198,7 @@ class BatchEngine:
             # Each request's share of the pass, by its rows: what its verify time is taken to be (its tuning
             # judges drafting by it; the pass's cost by its total rows is recorded above).
             share = seconds if solo else seconds * seg.rows / rows
-            self._emit(ticket, ticket.generation.apply(out, start, share, solo=solo))
+            self._apply(ticket, out, start, share, solo)
         for ticket, chunk in reads:
             ticket.generation.read(chunk)
             if not ticket.pending:
@@ -228,6 +233,17 @@ class BatchEngine:
             self._emit(ticket, generation.end_now("length"))
         return proposal
 
+    def _apply(self, ticket: Ticket, logits, start: int, seconds: float, solo: bool) -> None:
+        """The request's verdict on its own rows. A failure there (something its own settings met) ends that request
+        only: the other requests' rows were computed apart, and their verdicts are theirs."""
+        try:
+            self._emit(ticket, ticket.generation.apply(logits, start, seconds, solo=solo))
+        except Exception as exc:
+            ticket.error = exc
+            ticket.slot.forget()  # its cache may hold rows of a verdict never reached
+            if ticket.on_event is not None:
+                ticket.on_event(ticket, None)
+
     def _emit(self, ticket: Ticket, event: StreamEvent) -> None:
         ticket.events.append(event)
         if ticket.on_event is not None:
@@ -241,7 +257,8 @@ class BatchEngine:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_batch:
             ticket = self.waiting.popleft()
-            if ticket.cancelled:
+            if ticket.cancelled:  # it still ends: whoever waits on it (a server's job, as_completed) must see that
+                self._emit(ticket, StreamEvent("", [], [], GenerationStats(finish_reason="cancelled"), finished=True))
                 continue
             try:
                 self._start(ticket)

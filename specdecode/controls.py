@@ -13,7 +13,6 @@ bitwise the value plain decoding reports.
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ import torch
 
 from .errors import InputError
 from .grammar import GrammarSpec
+from .sampling import finite_number
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat; completions allow 5
 
@@ -40,14 +40,14 @@ class LogitControls:
     def __post_init__(self):
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            if not _finite(value) or not -2.0 <= value <= 2.0:
+            if not finite_number(value) or not -2.0 <= value <= 2.0:
                 raise InputError(f"{name} must be a number in -2..2, got {value!r}")
-        if not _finite(self.repetition_penalty) or not 0 < self.repetition_penalty <= 10:
+        if not finite_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 10:
             raise InputError(f"repetition_penalty must be a number in (0, 10], got {self.repetition_penalty!r}")
         for token, bias in self.logit_bias:
             if not isinstance(token, int) or isinstance(token, bool) or token < 0:
                 raise InputError(f"logit_bias keys must be token ids, got {token!r}")
-            if not _finite(bias) or not -100 <= bias <= 100:
+            if not finite_number(bias) or not -100 <= bias <= 100:
                 raise InputError(f"logit_bias values must be numbers in -100..100, got {bias!r} for token {token}")
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
                                           or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
@@ -58,10 +58,6 @@ class LogitControls:
         """Whether any row's distribution differs from the model's own."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
                     or self.logit_bias or self.grammar is not None)
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,17 @@ class GrammarSpec:
 
 def grammar_text(spec: GrammarSpec) -> str:
     """llguidance's grammar for the spec (InputError where the spec is malformed)."""
+    if spec.kind not in GRAMMAR_KINDS:
+        raise InputError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {spec.kind!r}")
+    try:
+        return _translate(spec)
+    # llguidance refuses some valid JSON with these (an integer past 64 bits: "Value is not JSON serializable");
+    # what the request sent is at fault, and the message is about that request only.
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise InputError(f"the {spec.kind.replace('_', ' ')} cannot be used: {str(exc)[:300]}") from None
+
+
+def _translate(spec: GrammarSpec) -> str:
     import llguidance
 
     if spec.kind == "json_object":
@@ -39,9 +50,7 @@ def grammar_text(spec: GrammarSpec) -> str:
         if not isinstance(schema, dict):
             raise InputError("the JSON schema must be a JSON object")
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-    if spec.kind == "lark":
-        return llguidance.LLMatcher.grammar_from_lark(spec.source)
-    raise InputError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {spec.kind!r}")
+    return llguidance.LLMatcher.grammar_from_lark(spec.source)
 
 
 def grammar_tokenizer(tokenizer, vocab_size: int):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import secrets
+import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -14,6 +15,14 @@ from .errors import InputError
 MAX_SEED = 2**63 - 1  # seeds are 0..2**63 - 1, as the server's API takes them
 
 
+def finite_number(value) -> bool:
+    """An int or float that a float holds finitely. Not a bool; not an integer past float's range (JSON's 10**400
+    parses as one, and math.isfinite raises OverflowError on it rather than answering)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= sys.float_info.max if isinstance(value, int) else math.isfinite(value)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
@@ -23,13 +32,13 @@ class SamplingParams:
     min_p: float = 0.0  # 0 = off; else drop tokens below min_p times the top token's probability
 
     def __post_init__(self):
-        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
-            raise InputError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not finite_number(self.temperature) or self.temperature < 0:
+            raise InputError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise InputError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or math.isnan(self.top_p) or not 0 < self.top_p <= 1:
+        if not finite_number(self.top_p) or not 0 < self.top_p <= 1:
             raise InputError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.min_p, (int, float)) or math.isnan(self.min_p) or not 0 <= self.min_p <= 1:
+        if not finite_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise InputError(f"min_p must be in [0, 1], got {self.min_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
                                       or not 0 <= self.seed <= MAX_SEED):
@@ -59,8 +68,11 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits [T, V] -> processed probabilities [T, V] (float32). Not for greedy decoding."""
     logits = logits.float()
     # Subtracting the maximum before dividing keeps a tiny temperature finite (the top token at 0, the
-    # rest at -inf at worst) where logits / 1e-40 overflowed to inf - inf = NaN.
-    logits = (logits - logits.max(dim=-1, keepdim=True).values) / params.temperature
+    # rest at -inf at worst) where logits / 1e-40 overflowed to inf - inf = NaN. A temperature below float32's
+    # smallest normal number became 0 in the division (the top token 0 / 0 = NaN: no mass to sample, a failed pass
+    # for every request in it): the smallest normal divides as any smaller one would, up to subnormal differences.
+    temperature = max(params.temperature, torch.finfo(torch.float32).tiny)
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / temperature
     if params.min_p > 0:  # the top token sits at 0: p(i) / p(top) = exp(logit_i)
         logits = logits.masked_fill(logits < math.log(params.min_p), float("-inf"))
     if params.top_k and params.top_k < logits.shape[-1]:

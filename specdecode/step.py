@@ -133,7 +133,9 @@ def judge_block(logits: torch.Tensor, cache: KVCache, start: int, sequence: list
         path, next_token = verify_tree_greedy(logits, draft.tokens, draft.parents)
         cache.compact(start, [0] + path)  # keep the keys/values of the accepted branch, in order
         block = [sequence[-1]] + draft.tokens
-        return Judged([block[i] for i in path], next_token)
+        accepted = [block[i] for i in path]
+        # Row j scores the token after node j: the path's rows score its tokens, the last one the next token.
+        return Judged(accepted, next_token, _logprobs(logits[[0] + path], accepted + [next_token], controls))
     if controls is not None and controls.spec.shapes_rows:
         verdict = verify_chain(logits, draft.tokens, controls, sampling, noise, position=len(sequence))
     elif sampling.greedy:
@@ -142,10 +144,14 @@ def judge_block(logits: torch.Tensor, cache: KVCache, start: int, sequence: list
         verdict = verify_sampling(logits, draft.tokens, sampling, noise, position=len(sequence))
     cache.truncate(start + 1 + verdict.accepted)
     accepted = draft.tokens[: verdict.accepted]
-    logprobs = None
-    if controls is not None and controls.spec.logprobs is not None:
-        logprobs = record_logprobs(logits, accepted + [verdict.next_token], controls.spec.logprobs)
-    return Judged(accepted, verdict.next_token, logprobs)
+    return Judged(accepted, verdict.next_token, _logprobs(logits, accepted + [verdict.next_token], controls))
+
+
+def _logprobs(rows: torch.Tensor, tokens: list[int], controls: RowControls | None) -> list | None:
+    """rows [>= len(tokens), V]: row i scored tokens[i]. Their records where the request asked for them, else None."""
+    if controls is None or controls.spec.logprobs is None:
+        return None
+    return record_logprobs(rows, tokens, controls.spec.logprobs)
 
 
 def step_origins(accepted: int, drafted: int) -> list[str]:

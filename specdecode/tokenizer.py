@@ -109,6 +109,8 @@ class Tokenizer:
         except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
             raise ChatTemplateError(f"the model's chat template cannot render these messages ({type(exc).__name__}:"
                                     f" {exc})") from None
+        except RecursionError:  # the template recurses into nested tool schemas and arguments
+            raise ChatTemplateError("the model's chat template cannot render these messages: they nest too deeply") from None
 
     @functools.cached_property
     def _control_tokens(self) -> tuple[re.Pattern | None, frozenset[int]]:

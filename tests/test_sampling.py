@@ -65,6 +65,15 @@ def test_temperature_scales_logits_before_softmax():
         torch.testing.assert_close(probs.sum(-1), torch.ones(3))
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1e-46, 4e-244, 5e-324])
+def test_a_temperature_past_float32s_range_is_greedy_not_nan(temperature):
+    """Below float32's smallest normal the temperature became 0 in the division: the top token's 0 / 0 was NaN, the
+    row had no mass, and sampling raised on the engine thread (a server's whole pass failed: every request a 500)."""
+    logits = rand_logits()
+    probs = probabilities(logits, SamplingParams(temperature=temperature))
+    assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float())
+
+
 @pytest.mark.parametrize("k", [1, 3, 10, 49])
 def test_top_k_keeps_exactly_the_k_largest(k):
     logits = rand_logits()

@@ -36,3 +36,22 @@ def test_a_step_extends_the_sequence_as_plain_decoding_would_and_rolls_the_cache
         sequence += step.tokens
         assert cache.length == len(sequence) - 1  # the cache holds every confirmed token but the last
     assert sequence[len(prompt):len(prompt) + 12] == expected
+
+
+def test_tree_drafts_record_the_same_logprobs_as_plain_decoding():
+    """The tree branch of judge_block returned no log-probabilities: a `drafter: tree` request with logprobs got
+    none for its tree steps, and the list came out shorter than the tokens and out of step with them."""
+    from specdecode.controls import LogitControls
+    from specdecode.engine import Engine
+    from testlib import as_loaded, fake_tokenizer, perturbed_copy
+
+    model = make_tiny_model(seed=0, vocab_size=256, context_length=256)
+    tokenizer = fake_tokenizer(256)
+    engine = Engine(as_loaded(model, tokenizer), as_loaded(perturbed_copy(model, 0.05, seed=1), tokenizer, "draft"),
+                    max_context=256)
+    prompt, controls = list(range(10, 40)), LogitControls(logprobs=2)
+    plain = engine.generate(prompt, drafter=None, max_new_tokens=24, controls=controls)
+    tree = engine.generate(prompt, drafter="tree", k=4, max_new_tokens=24, controls=controls)
+    assert tree.stats.origins["accepted"] > 0, "the tree drafts were never accepted: nothing checked"
+    assert tree.token_ids == plain.token_ids and len(tree.logprobs) == len(tree.token_ids)
+    assert tree.logprobs == plain.logprobs  # bitwise: each row scored as a single-row pass scores it

@@ -30,9 +30,13 @@ from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
 from .responses import ChatHost, register_responses
 from .scheduler import Scheduler
-from .shaping import ChunkStream, Shaper, gather_steps, response_id
+from .shaping import ChunkStream, Shaper, fingerprint, gather_steps, response_id
 
 log = logging.getLogger("specdecode.server")
+# What /health tells anyone: whether to send requests here and what this server is. Its counts (queued, running,
+# completed; a cluster's per-replica queues) sum up every client's requests: only for who may read /metrics.
+PUBLIC_HEALTH = {"status", "model", "drafters", "default_drafter", "max_context", "auth", "queue_size", "max_batch",
+                 "replicas", "replicas_ready"}
 
 
 def _playground_html() -> str:
@@ -56,7 +60,7 @@ def create_app(engine, default_drafter: str, model_name: str, api_key: ApiKeys |
     scheduler = Scheduler(engine, default_drafter, queue_size, metrics, default_max_tokens, max_k, max_batch)
     app = create_http_app(LocalBackend(scheduler, warmup), model_name, metrics, api_key=api_key,
                           allowed_hosts=allowed_hosts, cors_origins=cors_origins, metrics_key=metrics_key,
-                          expose_timings=expose_timings)
+                          expose_timings=expose_timings, fingerprint=fingerprint(engine))
     app.state.scheduler = scheduler
     app.state.engine = engine
     return app
@@ -97,11 +101,15 @@ class ChatApi:
         presented = "" if self.api_keys else request.headers.get("authorization", "")
         return request_namespace(key_id, peer_address(request), user, presented)
 
+    def lane_of(self, request: Request, key_id: str) -> str:
+        """Who the client is, whatever token or `user` it shows: its fair-queue lane and its quotas."""
+        return queue_lane(key_id, peer_address(request))
+
     async def generate(self, request: Request, kind: str):
         key_id = self.check_api_key(request)
         body = await read_json_body(request)
         gen = parse_chat(body) if kind == "chat" else parse_completion(body)
-        if gen.n > 1:
+        if gen.n > 1 or gen.prompts:
             return await self.generate_choices(request, gen, key_id)
         return await self.run_generation(request, gen, key_id, self._answer(gen),
                                          lambda ticket: ChunkStream(self.shaper, gen).events(ticket))
@@ -123,9 +131,9 @@ class ChatApi:
             lambda ticket: ChunkStream(self.shaper, one, index, joined_id, usages).events(ticket)))
         if not gen.stream:
             gone = next((part for part in parts if not isinstance(part, dict)), None)  # a client gone: 499
-            return gone if gone is not None else joined_body(parts)
+            return gone if gone is not None else joined_body(parts, gen.n)
         head = {"id": joined_id, "object": "chat.completion.chunk" if gen.kind == "chat" else "text_completion",
-                "model": self.model_name}
+                "model": self.model_name, "system_fingerprint": self.shaper.fingerprint}
         return ChoicesStreamingResponse(parts, lambda: stream_end(gen, head, usages), media_type="text/event-stream",
                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -136,8 +144,7 @@ class ChatApi:
         if gen.drafter is not None and gen.drafter not in self.backend.drafters:
             raise ApiError(400, f"drafter '{gen.drafter}' needs a draft model; this server has none (try 'lookup')",
                            param="speculative.drafter", code="drafter_unavailable")
-        ticket = await self.backend.submit(gen, queue_lane(key_id, peer_address(request)),
-                                           self.namespace_of(request, key_id, gen.user))
+        ticket = await self.backend.submit(gen, self.lane_of(request, key_id), self.namespace_of(request, key_id, gen.user))
         watch = DisconnectWatch(request)
         try:
             first = await watch.wait(ticket.next())  # waits in the queue, then for the tokenizer and checks
@@ -159,8 +166,8 @@ class ChatApi:
 
     def chat_host(self) -> ChatHost:
         """What the Responses API's routes borrow from these."""
-        return ChatHost(self.model_name, self.check_api_key, read_json_body, self.namespace_of, self.run_generation,
-                        gather_steps)
+        return ChatHost(self.model_name, self.check_api_key, read_json_body, self.namespace_of, self.lane_of,
+                        self.run_generation, gather_steps)
 
 
 def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
@@ -209,11 +216,13 @@ def add_routes(app: FastAPI, api: ChatApi, metrics: ServerMetrics) -> None:
         return api.model_card()
 
     @app.get("/health")
-    async def health():
+    async def health(request: Request):
         state = await backend.health()
         body = {"status": state.pop("status"), "model": api.model_name, "drafters": backend.drafters,
                 "default_drafter": backend.default_drafter, "max_context": backend.max_context,
                 "auth": bool(api.api_keys), **state}
+        if not getattr(request.state, "reads_metrics", False):  # the counts of every client's requests: the operator's
+            body = {key: value for key, value in body.items() if key in PUBLIC_HEALTH}
         # Draining, shutting down or no replica ready: 503, so that load balancers stop sending meanwhile.
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
@@ -228,7 +237,7 @@ def add_routes(app: FastAPI, api: ChatApi, metrics: ServerMetrics) -> None:
 
 def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key: ApiKeys | str | None = None,
                     allowed_hosts: set[str] | None = None, cors_origins: list[str] = (), metrics_key: str | None = None,
-                    expose_timings: bool = False) -> FastAPI:
+                    expose_timings: bool = False, fingerprint: str | None = None) -> FastAPI:
     """The routes, errors and streaming around a generation backend (the interface is in local.py).
     `metrics` counts this app's HTTP requests and errors (and, for a local backend, its generations)."""
 
@@ -247,7 +256,7 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
                        metrics_key=metrics_key)
     app.add_middleware(RequestCounter, metrics=metrics)
     add_error_handlers(app, metrics)
-    api = ChatApi(backend, model_name, ApiKeys.of(api_key), Shaper(model_name, expose_timings))
+    api = ChatApi(backend, model_name, ApiKeys.of(api_key), Shaper(model_name, expose_timings, fingerprint))
     register_responses(app, api.chat_host())
     add_routes(app, api, metrics)
     return app

@@ -25,21 +25,28 @@ log = logging.getLogger("specdecode.server")
 
 
 def check_choices(gen: GenerationRequest, max_batch: int) -> None:
+    if gen.prompts and len(gen.prompts) * gen.n > max_batch:
+        raise ApiError(400, f"{len(gen.prompts)} prompts with n = {gen.n} make {len(gen.prompts) * gen.n} answers; this"
+                       f" server runs at most {max_batch} side by side (its batch size)", param="prompt", code="invalid_value")
     if gen.n > max_batch:
         raise ApiError(400, f"'n' must be <= {max_batch} on this server (its batch size: the choices run side by side),"
                        f" got {gen.n}", param="n", code="invalid_value")
 
 
 def choice_requests(gen: GenerationRequest) -> list[GenerationRequest]:
-    """The n one-choice requests that make up `gen`."""
-    return [replace(gen, n=1, seed=choice_seed(gen.seed, index)) for index in range(gen.n)]
+    """The one-choice requests that make up `gen`: for each prompt (of a completions batch, else the one), its n
+    choices; their order is OpenAI's choice index (prompt i's choice j at i * n + j)."""
+    return [replace(gen, prompt=prompt, prompts=None, n=1, seed=choice_seed(gen.seed, index))
+            for prompt in (gen.prompts or [gen.prompt]) for index in range(gen.n)]
 
 
-def sum_usage(usages: list[dict]) -> dict:
-    """One request's usage from its choices': the prompt once, every choice's completion tokens and drafting."""
+def sum_usage(usages: list[dict], n: int) -> dict:
+    """One request's usage from its choices' (n per prompt): each prompt once, every choice's completion tokens and
+    drafting."""
     total = dict(usages[0])
     for name in ("completion_tokens", "drafted", "accepted", "target_passes"):
         total[name] = sum(u[name] for u in usages)
+    total["prompt_tokens"] = sum(u["prompt_tokens"] for u in usages) // n  # a prompt's n choices count it alike
     total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
     total["alpha"] = total["accepted"] / total["drafted"] if total["drafted"] else None
     total["tau"] = total["completion_tokens"] / total["target_passes"] if total["target_passes"] else None
@@ -62,20 +69,20 @@ async def run_choices(gen: GenerationRequest, run_one) -> list:
         raise
 
 
-def joined_body(bodies: list[dict]) -> dict:
-    """One response from the choices' own (each a whole response with one choice)."""
+def joined_body(bodies: list[dict], n: int) -> dict:
+    """One response from the choices' own (each a whole response with one choice), n per prompt."""
     body = dict(bodies[0])
     body["choices"] = [dict(b["choices"][0], index=index) for index, b in enumerate(bodies)]
-    body["usage"] = sum_usage([b["usage"] for b in bodies])
+    body["usage"] = sum_usage([b["usage"] for b in bodies], n)
     body["specdecode"] = {"choices": [b["specdecode"] for b in bodies]}
     return body
 
 
 def stream_end(gen: GenerationRequest, head: dict, usages: list[dict]):
     """The joined stream's last events: the usage of every choice (where asked for), then [DONE]."""
-    if gen.include_usage and len(usages) == gen.n:
-        chunk = {**head, "created": int(time.time()), "system_fingerprint": None, "choices": [],
-                 "usage": sum_usage(usages)}
+    if gen.include_usage and len(usages) == len(gen.prompts or [gen.prompt]) * gen.n:
+        chunk = {**head, "created": int(time.time()), "choices": [],
+                 "usage": sum_usage(usages, gen.n)}
         yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
     yield "data: [DONE]\n\n"
 

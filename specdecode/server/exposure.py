@@ -5,7 +5,9 @@ A keyless server on localhost is reachable by every web page its user opens: a p
 refuses requests whose Host is not one the server answers to, and browser requests from any origin but
 the server's own or those named with --cors-origin (which get CORS headers and preflight answers). With
 an API key, the operational pages (/docs, /openapi.json) need it too; /metrics needs the metrics key
-(--metrics-key), by default the API key: its counters sum up every client's requests.
+(--metrics-key), by default the API key: its counters sum up every client's requests, so with several tenants' keys
+it needs a metrics key of its own (without one nobody reads it: each tenant would read the others' traffic).
+/health is open to all, but shows its counters (queued, running, completed) only to whoever may read /metrics.
 """
 from __future__ import annotations
 
@@ -127,12 +129,19 @@ class ExposureGuard:
         self.cors_origins = {o.rstrip("/") for o in cors_origins}
         self.api_keys = ApiKeys.of(api_key)
         self.metrics_keys = ApiKeys.of(metrics_key) if metrics_key else self.api_keys
+        self.metrics_closed = not metrics_key and len(self.api_keys.entries) > 1  # several tenants, no operator key
 
     def _page_keys(self, path: str) -> ApiKeys:
         """The keys a page takes (none: open to all)."""
         if path == METRICS_PAGE:
             return self.metrics_keys
         return self.api_keys if path in KEYED_PAGES else ApiKeys()
+
+    def reads_metrics(self, authorization: str) -> bool:
+        """Whether this caller may read the server-wide counters (/metrics, and those in /health)."""
+        if self.metrics_closed:
+            return False
+        return not self.metrics_keys or self.metrics_keys.identify(authorization) is not None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -156,10 +165,17 @@ class ExposureGuard:
                         (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
                         (b"access-control-allow-headers", b"authorization, content-type"),
                         (b"access-control-max-age", b"600")]}, {"type": "http.response.body", "body": b""})
-        page_keys = self._page_keys(scope.get("path", ""))
-        if page_keys and page_keys.identify(headers.get("authorization", "")) is None:
+        path, authorization = scope.get("path", ""), headers.get("authorization", "")
+        if path == METRICS_PAGE and self.metrics_closed:
+            return await self._reply(send, *_error(401, "/metrics sums up every tenant's requests: with several API keys"
+                                                   " it takes only the operator's --metrics-key", "invalid_api_key",
+                                                   [(b"www-authenticate", b"Bearer")]))
+        page_keys = self._page_keys(path)
+        if page_keys and page_keys.identify(authorization) is None:
             return await self._reply(send, *_error(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                                                    "invalid_api_key", [(b"www-authenticate", b"Bearer")]))
+        # what /health may show this caller (a request's state: Starlette's request.state reads scope["state"])
+        scope = {**scope, "state": {**scope.get("state", {}), "reads_metrics": self.reads_metrics(authorization)}}
 
         async def send_with_cors(message):
             if cors and message["type"] == "http.response.start":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import uuid
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -61,7 +62,8 @@ class ClientGone(Exception):
 
 
 class RequestCounter:
-    """Plain ASGI middleware (safe with streaming, unlike BaseHTTPMiddleware): counts requests by status."""
+    """Plain ASGI middleware (safe with streaming, unlike BaseHTTPMiddleware): counts requests by status, and names
+    each answer with an `x-request-id` header, as OpenAI does (its SDK shows it as `_request_id`, for bug reports)."""
 
     def __init__(self, app, metrics: ServerMetrics):
         self.app = app
@@ -71,11 +73,13 @@ class RequestCounter:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         status = "disconnected"
+        request_id = ("req_" + uuid.uuid4().hex).encode()
 
         async def counting_send(message):
             nonlocal status
             if message["type"] == "http.response.start":
                 status = str(message["status"])
+                message = {**message, "headers": list(message.get("headers", [])) + [(b"x-request-id", request_id)]}
             await send(message)
 
         try:

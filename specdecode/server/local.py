@@ -64,11 +64,11 @@ class LocalBackend:
     async def submit(self, request: GenerationRequest, user_key: str, namespace: str = "") -> LocalTicket:
         """user_key: whose lane of the fair queue; namespace: whose earlier text drafts may copy (suffix store)."""
         job = Job(request, user_key=user_key, namespace=namespace)
-        self.scheduler.reserve()  # 429 / 503 before tokenizing: a full queue must cost no CPU per refused request
+        self.scheduler.reserve(user_key)  # 429 / 503 before tokenizing: a full queue must cost no CPU per refused request
         try:
             job.prompt_ids = await self.scheduler.tokenize(request)
         except BaseException:  # a 400 from the tokenizer, or the handler cancelled
-            self.scheduler.release()
+            self.scheduler.release(user_key)
             raise
         self.scheduler.submit(job, reserved=True)
         return LocalTicket(self.scheduler, job)

@@ -13,6 +13,7 @@ from typing import Any
 from ..controls import LogitControls
 from ..drafters.registry import DRAFTER_NAMES
 from ..grammar import GrammarSpec
+from ..sampling import finite_number
 from .api_error import ApiError  # noqa: F401  (re-exported: protocol's parsers raise it)
 from .tools import parse_tool_options, tool_constraint, tool_message
 
@@ -21,6 +22,7 @@ MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1
 MAX_TEMPERATURE = 2.0  # OpenAI's range
 MAX_LOGIT_BIAS = 1024  # entries of logit_bias
+MAX_TOKEN_ID_DIGITS = 10  # a logit_bias key longer than this is no token id
 MAX_TOP_LOGPROBS = {"chat": 20, "completion": 5}  # OpenAI's bounds
 MAX_CHOICES = 128  # OpenAI's bound on n; a server allows at most its batch size (app.py)
 
@@ -71,6 +73,7 @@ class GenerationRequest:
     parallel_tool_calls: bool = True
     grammar: GrammarSpec | None = None  # what the answer must match (response_format, a compulsory tool call)
     n: int = 1  # answers to generate (server/choices.py): choice i samples with seed + i
+    prompts: list | None = None  # completions only: OpenAI's batch of prompts, each answered with n choices
 
     def engine_controls(self) -> LogitControls | None:
         """What the engine applies to each row: the controls with the grammar."""
@@ -85,7 +88,8 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):
-        return f"the number {value!r}"
+        text = repr(value)
+        return f"the number {text}" if len(text) <= 40 else f"a number of {len(text)} digits"
     if isinstance(value, str):
         return "a string"
     if isinstance(value, list):
@@ -116,8 +120,8 @@ def _number(body: dict, name: str, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _bad(name, f"'{name}' must be a number, got {_describe(value)}", "invalid_type")
+    if not finite_number(value):
+        raise _bad(name, f"'{name}' must be a finite number, got {_describe(value)}", "invalid_type")
     return float(value)
 
 
@@ -155,16 +159,15 @@ def _stop(body: dict) -> list[str]:
 
 
 def _unset(value) -> bool:
-    """An OpenAI field left at its default: absent, null, false, 0, empty, or the text-only choices."""
-    if value is None or value is False or value in ("", [], {}, ["text"], {"type": "text"}):
+    """An OpenAI field left at its default: absent, null, false, 0, empty, the text-only choices, or "disabled"
+    (Responses' truncation)."""
+    if value is None or value is False or value in ("", [], {}, ["text"], {"type": "text"}, "disabled"):
         return True
     return not isinstance(value, bool) and isinstance(value, (int, float)) and value in (0, 1)  # n, best_of: 1
 
 
-def _check_fields(body: dict, kind: str) -> None:
-    """The rule above: refuse what this server would otherwise ignore or do differently."""
-    implemented = IMPLEMENTED["common"] | IMPLEMENTED[kind]
-    unsupported = UNSUPPORTED_CHAT if kind == "chat" else UNSUPPORTED_COMPLETION
+def check_fields(body: dict, implemented: set[str], unsupported: set[str]) -> None:
+    """The rule above: refuse what this server would otherwise ignore or do differently (Responses' body too)."""
     for name, value in body.items():
         if name in implemented or name in IGNORED:
             continue
@@ -196,7 +199,7 @@ def _speculative(body: dict) -> tuple[str | None, int | str]:
 
 
 def _common(body: dict, kind: str, prompt, max_tokens_field: str = "max_tokens") -> GenerationRequest:
-    _check_fields(body, kind)
+    check_fields(body, IMPLEMENTED["common"] | IMPLEMENTED[kind], UNSUPPORTED_CHAT if kind == "chat" else UNSUPPORTED_COMPLETION)
     model = _string(body, "model", required=True)
     n = _integer(body, "n", 1, minimum=1, maximum=MAX_CHOICES)
     temperature = _number(body, "temperature", 1.0)
@@ -251,10 +254,11 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         raise _bad("logit_bias", f"'logit_bias' takes at most {MAX_LOGIT_BIAS} tokens, got {len(value)}")
     out = []
     for key, bias in value.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
-            raise _bad("logit_bias", f"'logit_bias' keys must be token ids, got {key!r}")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
-            raise _bad("logit_bias", f"'logit_bias' values must be numbers in -100..100, got {bias!r} for {key}")
+        # a length bound before int(): past 4300 digits int() raises, and no vocabulary has 10-digit token ids
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS):
+            raise _bad("logit_bias", f"'logit_bias' keys must be token ids, got {key[:40]!r}")
+        if not finite_number(bias) or not -100 <= bias <= 100:
+            raise _bad("logit_bias", f"'logit_bias' values must be numbers in -100..100, got {_describe(bias)} for {key}")
         out.append((int(key), float(bias)))
     return tuple(sorted(out))
 
@@ -339,13 +343,18 @@ def parse_completion(body: dict) -> GenerationRequest:
     prompt = body.get("prompt")
     if prompt is None:
         raise _bad("prompt", "you must provide 'prompt'", "missing_required_parameter")
-    if isinstance(prompt, list) and len(prompt) == 1 and (isinstance(prompt[0], str) or _is_token_ids(prompt[0])):
-        prompt = prompt[0]  # a batch of one
+    prompts = None
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise _bad("prompt", f"batched prompts are not supported: send one prompt per request (got {len(prompt)})")
+        # a batch: strings, or arrays of token ids, not the two mixed (OpenAI's types)
+        if not (all(isinstance(p, str) for p in prompt) or all(_is_token_ids(p) for p in prompt)):
+            raise _bad("prompt", "a batch of prompts must be all strings or all arrays of token ids", "invalid_type")
+        prompts, prompt = (prompt if len(prompt) > 1 else None), prompt[0]
     if not (isinstance(prompt, str) or _is_token_ids(prompt)):
-        raise _bad("prompt", f"'prompt' must be a string or an array of token ids, got {_describe(prompt)}", "invalid_type")
-    return _common(body, "completion", prompt)
+        raise _bad("prompt", f"'prompt' must be a string, an array of token ids, or an array of either, got"
+                   f" {_describe(prompt)}", "invalid_type")
+    request = _common(body, "completion", prompt)
+    request.prompts = prompts
+    return request
 
 
 def _message_text(content, index: int) -> str:

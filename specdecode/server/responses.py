@@ -6,9 +6,11 @@ checks it and the same backend generates it. The conversation so reaches the eng
 engine reuses its cached prefix and copies from earlier answers as it does for any chat.
 
 Stored responses (store: true, the default) live in this process's memory, per client namespace (the key id,
-peer address and, on a server without keys, the bearer token: http_parts.request_namespace without `user`), at most
-`per_namespace` each and `total` in all, oldest dropped first. Another namespace's id is not found, exactly as
-an id that never existed.
+peer address and, on a server without keys, the bearer token: http_parts.request_namespace without `user`). Each
+client (its fair-queue lane: key id and peer address, whatever token it shows) holds at most `per_client`, its
+oldest dropped first; past `total` in all, the oldest of the client holding the most goes, so that no client, however
+many tokens it mints, can push out another's. Another namespace's id is not found, exactly as an id that never
+existed.
 """
 from __future__ import annotations
 
@@ -17,17 +19,25 @@ import json
 import re
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
 from fastapi import FastAPI, Request
 
 from ..grammar import GrammarSpec
-from .protocol import ApiError, GenerationRequest, parse_chat
+from .protocol import ApiError, GenerationRequest, check_fields, parse_chat
 from .tools import ToolCallStream, function_definition, parse_tool_calls
 
 INPUT_ROLES = {"user", "system", "developer", "assistant"}
+# The body's fields under chat's rule (protocol.check_fields): these are used; chat's extensions (and stop) pass
+# through to the chat request as they are; OpenAI's that are not implemented here are a 400 unless left at their
+# default (a background run, a stored conversation, logprobs, truncation "auto", ...); any other name is a 400.
+RESPONSES_FIELDS = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "seed", "stream",
+                    "previous_response_id", "tools", "tool_choice", "parallel_tool_calls", "text", "user", "speculative"}
+CHAT_EXTENSIONS = ("top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "stop")
+UNSUPPORTED_RESPONSES = {"background", "conversation", "include", "top_logprobs", "truncation", "prompt",
+                         "max_tool_calls", "reasoning", "stream_options"}
 TEXT_PARTS = {"input_text", "output_text"}
 
 
@@ -39,6 +49,7 @@ class ChatHost:
     check_api_key: Callable  # (request) -> key id
     read_body: Callable  # async (request) -> dict
     namespace_of: Callable  # (request, key id, user) -> namespace
+    client_of: Callable  # (request, key id) -> whose quota: the fair queue's lane (key id, peer address)
     run_generation: Callable  # async (request, GenerationRequest, key id, answer, stream) -> response
     gather: Callable  # async (ticket, watch) -> shaping.Gathered
 
@@ -48,11 +59,12 @@ class Stored:
     namespace: str
     response: dict
     messages: list[dict]  # the conversation in chat shape, answer included, instructions not
+    client: str = ""  # whose quota it counts against (the fair-queue lane): a client's namespaces share one
 
 
 @dataclass
 class ResponseStore:
-    per_namespace: int = 100
+    per_client: int = 100
     total: int = 2000
     _items: OrderedDict = field(default_factory=OrderedDict)  # id -> Stored, oldest first
 
@@ -62,11 +74,18 @@ class ResponseStore:
 
     def put(self, response_id: str, item: Stored) -> None:
         self._items[response_id] = item
-        mine = [key for key, held in self._items.items() if held.namespace == item.namespace]
-        for key in mine[: max(0, len(mine) - self.per_namespace)]:
+        mine = [key for key, held in self._items.items() if held.client == item.client]
+        for key in mine[: max(0, len(mine) - self.per_client)]:
             del self._items[key]
         while len(self._items) > self.total:
-            self._items.popitem(last=False)
+            self._drop_oldest_of_the_fullest()
+
+    def _drop_oldest_of_the_fullest(self) -> None:
+        """Room made by the client holding the most (of equals, the one with the oldest item): a client can push
+        out only its own responses while it holds more than the others."""
+        held = Counter(item.client for item in self._items.values())  # in the order of each client's oldest item
+        fullest = max(held, key=held.get)
+        del self._items[next(key for key, item in self._items.items() if item.client == fullest)]
 
     def delete(self, namespace: str, response_id: str) -> bool:
         if self.get(namespace, response_id) is None:
@@ -192,15 +211,14 @@ def chat_request(body: dict, history: list[dict]) -> tuple[GenerationRequest, li
     for name in ("store", "stream", "parallel_tool_calls"):
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise _bad(name, f"'{name}' must be a boolean", "invalid_type")
-    if body.get("reasoning") is not None:
-        raise _bad("reasoning", "'reasoning' is not supported by this server", "unsupported_parameter")
+    check_fields(body, RESPONSES_FIELDS | set(CHAT_EXTENSIONS), UNSUPPORTED_RESPONSES)
     conversation = history + input_messages(body.get("input"))
     tools, choice = chat_tools(body)
     chat = {"model": body.get("model"), "messages": ([{"role": "system", "content": instructions}] if instructions else [])
             + conversation, "max_completion_tokens": body.get("max_output_tokens"), "temperature": body.get("temperature"),
             "top_p": body.get("top_p"), "seed": body.get("seed"), "stream": body.get("stream"), "user": body.get("user"),
             "speculative": body.get("speculative"), "tools": tools, "tool_choice": choice,
-            "parallel_tool_calls": body.get("parallel_tool_calls")}
+            "parallel_tool_calls": body.get("parallel_tool_calls"), **{name: body.get(name) for name in CHAT_EXTENSIONS}}
     try:
         gen = parse_chat({key: value for key, value in chat.items() if value is not None})
     except ApiError as exc:  # name the Responses field
@@ -390,7 +408,7 @@ def register_responses(app: FastAPI, host: ChatHost, store: ResponseStore | None
     async def create_response(request: Request):
         key_id = host.check_api_key(request)
         body = await host.read_body(request)
-        namespace = host.namespace_of(request, key_id, None)
+        namespace, client = host.namespace_of(request, key_id, None), host.client_of(request, key_id)
         history = []
         previous = body.get("previous_response_id")
         if previous is not None:
@@ -405,7 +423,8 @@ def register_responses(app: FastAPI, host: ChatHost, store: ResponseStore | None
 
         def finished(response: dict) -> None:
             if shape.fields["store"]:
-                store.put(response["id"], Stored(namespace, response, conversation + [answer_message(response["output"])]))
+                store.put(response["id"], Stored(namespace, response, conversation + [answer_message(response["output"])],
+                                                 client))
 
         async def answer(ticket, watch):
             done = await host.gather(ticket, watch)

@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -26,6 +26,7 @@ from ..sampling import SamplingParams
 from .metrics import ServerMetrics
 from .logprobs import describe
 from .protocol import ApiError, GenerationRequest
+from .tools import compulsory_call, forces_call
 
 log = logging.getLogger("specdecode.server")
 
@@ -101,6 +102,10 @@ class FairQueue:
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
 
+    def waiting(self, user: str) -> int:
+        """Jobs of this client's lane in the queue."""
+        return len(self._lanes.get(user, ()))
+
     def remove(self, job: Job) -> bool:
         lane = self._lanes.get(job.user_key)
         if lane is None or job not in lane:
@@ -150,6 +155,7 @@ class Scheduler:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdecode-engine")
         self.running: list[Job] = []
         self.reserved = 0  # places held for requests being tokenized (reserve), counted against the queue's bound
+        self._reserved_by: Counter[str] = Counter()  # the same, per lane
         self.shutting_down = False  # refusing new work: draining (finishing what it has) or shutting down
         self.draining = False
         self._shut_down = False  # begin_shutdown ran
@@ -162,27 +168,34 @@ class Scheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ called by request handlers
-    def reserve(self) -> None:
-        """Hold a place in the queue for a request about to be tokenized, or refuse it (503 shutting down, 429 full)
-        before any work on its prompt: the queue's bound then bounds the tokenizing too. Hand the place to `submit`
-        (reserved=True) or give it back with `release`."""
+    def reserve(self, lane: str = "") -> None:
+        """Hold a place in the queue for a request of this lane (Job.user_key) about to be tokenized, or refuse it
+        (503 shutting down, 429 full) before any work on its prompt: the queue's bound then bounds the tokenizing
+        too. Hand the place to `submit` (reserved=True) or give it back with `release`."""
         if self.shutting_down:
             raise ApiError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
         # The batch's free places count as room too: a burst arriving between two passes waits for them here.
-        free = max(0, self.max_batch - len(self.running))
-        if len(self.queue) + self.reserved >= self.queue_size + free:
+        room = self.queue_size + max(0, self.max_batch - len(self.running))
+        # A quarter of the room stays for the other lanes: one client flooding the queue meets the 429 first, and
+        # another client's first request still finds a place.
+        mine = self.queue.waiting(lane) + self._reserved_by[lane]
+        if len(self.queue) + self.reserved >= room or mine >= room - room // 4:
             raise self._busy()
         self.reserved += 1
+        self._reserved_by[lane] += 1
 
-    def release(self) -> None:
+    def release(self, lane: str = "") -> None:
         """Give back a place `reserve` held (the request was refused or withdrawn while it was tokenized)."""
         self.reserved -= 1
+        self._reserved_by[lane] -= 1
+        if not self._reserved_by[lane]:
+            del self._reserved_by[lane]
 
     def submit(self, job: Job, reserved: bool = False) -> None:
         """Queue a job, in the place `reserve` held for it (reserved=True) or in one taken now."""
         if not reserved:
-            self.reserve()
-        self.reserved -= 1
+            self.reserve(job.user_key)
+        self.release(job.user_key)  # the place reserved becomes the queued job's
         if self._halt:  # shut down while it was tokenized
             raise ApiError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
         try:
@@ -192,7 +205,8 @@ class Scheduler:
         self.metrics.queue_depth.set(len(self.queue))
 
     def _busy(self) -> ApiError:
-        return ApiError(429, f"the server is busy: {len(self.queue) + self.reserved} requests are waiting; retry later",
+        # No count in the words: how many wait is other clients' business (Retry-After stays, bounded, for backoff).
+        return ApiError(429, "the server is busy; retry later",
                         type="rate_limit_error", code="queue_full", headers={"Retry-After": str(self.retry_after())})
 
     def cancel(self, job: Job, reason: str) -> None:
@@ -281,9 +295,10 @@ class Scheduler:
                 continue
             try:
                 messages = await self._loop.run_in_executor(self.executor, self._tick, admitted)
-            except Exception as exc:  # a bug or a device error in the pass: fail its requests, keep serving
+            except Exception:  # a bug or a device error in the pass: fail its requests, keep serving
                 log.exception("generation failed")
-                error = ApiError(500, f"generation failed: {type(exc).__name__}: {exc}", code="generation_failed")
+                # The same words for every request in the pass: an exception's text may quote one request's input.
+                error = ApiError(500, "generation failed: an internal error in the engine's pass", code="generation_failed")
                 messages = [(job, ("error", error)) for job in list(self.running)]  # the admitted are running too
                 self.batch.abandon()
             for job, message in messages:
@@ -359,7 +374,11 @@ class Scheduler:
         try:  # the engine checks token ids and emptiness; the API names the field at fault
             if request.tools:  # listed by the chat template
                 tokenizer = self.engine.tokenizer
-                return tokenizer.encode(tokenizer.chat_prompt(request.prompt, tools=request.tools))
+                prompt = tokenizer.chat_prompt(request.prompt, tools=request.tools)
+                if forces_call(request.tool_choice):  # in this thread, in a queue place: see compulsory_call
+                    request.grammar = compulsory_call(request.tools, request.tool_choice, request.parallel_tool_calls,
+                                                      tokenizer)
+                return tokenizer.encode(prompt)
             return self.engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
         except ToolsUnsupported as exc:
             raise ApiError(400, str(exc), param="tools", code="tools_unsupported") from None
@@ -406,6 +425,10 @@ class Scheduler:
                 messages.append((job, ("error", exc)))
             except SpecDecodeError as exc:  # InputError / ModelError: the engine's message is for the user
                 messages.append((job, ("error", ApiError(400, str(exc), code="invalid_request"))))
+            except Exception:  # a bug met by this request's input fails this request only, not the whole pass
+                log.exception("admitting a request failed")
+                messages.append((job, ("error", ApiError(500, "internal error while admitting the request",
+                                                          code="generation_failed"))))
         for job in self.running:
             if job.ticket is not None and (job.cancel_reason is not None or self._halt):
                 self.batch.cancel(job.ticket)
@@ -422,22 +445,27 @@ class Scheduler:
                 self.metrics.record_prefix_reuse(ticket.reused)
             if ticket.error is not None:
                 exc = ticket.error
+                if not isinstance(exc, (ApiError, SpecDecodeError)):
+                    log.error("a request failed in the engine", exc_info=exc)
                 error = exc if isinstance(exc, ApiError) else ApiError(
                     400 if isinstance(exc, SpecDecodeError) else 500, str(exc),
                     code="invalid_request" if isinstance(exc, SpecDecodeError) else "generation_failed")
                 messages.append((job, ("error", error)))
                 continue
             for event in ticket.events[seen.get(id(ticket), 0):]:
-                messages.append((job, ("step", self._as_step(event))))
+                messages.append((job, ("step", self._as_step(event, ticket.reused or 0))))
         return messages
 
-    def _as_step(self, event) -> Step:
+    def _as_step(self, event, cached_tokens: int = 0) -> Step:
+        """cached_tokens: prompt tokens the request found in its cache (its own client's earlier text, or a choice's
+        sibling), OpenAI's usage.prompt_tokens_details.cached_tokens."""
         stats = event.stats
         # "cancelled" is the engine's word; the only client that can still read it is one whose generation
         # the server cut at shutdown, for which OpenAI's vocabulary says "length".
         reason = ("length" if stats.finish_reason == "cancelled" else stats.finish_reason) if event.finished else None
         return Step(event.text, list(event.tokens), list(event.origins), list(event.pieces),
-                    stats.brief(), event.finished, reason, stats if event.finished else None, sources=list(event.sources),
+                    {**stats.brief(), "cached_tokens": cached_tokens}, event.finished, reason,
+                    stats if event.finished else None, sources=list(event.sources),
                     logprobs=describe(self.engine.tokenizer, self.engine.target.vocab_size, event.logprobs))
 
     def _finish(self, job: Job, event: tuple) -> None:

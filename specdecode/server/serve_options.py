@@ -34,8 +34,8 @@ def exposure_options(args) -> set[str] | None:
         print(f"specdecode: warning: serving on {args.host} without an API key: anyone who can reach this address can"
               " use the model (set SPECDECODE_API_KEY or --api-key, or --api-keys FILE)", file=sys.stderr, flush=True)
     if len(keys.entries) > 1 and not getattr(args, "metrics_key", None):
-        print("specdecode: warning: every API key can read /metrics, which sums up all tenants' requests"
-              " (set --metrics-key to keep it for the operator)", file=sys.stderr, flush=True)
+        print("specdecode: note: /metrics sums up all tenants' requests, so with several API keys it is closed"
+              " until --metrics-key gives the operator a key of its own", file=sys.stderr, flush=True)
     return allowed_hosts
 
 

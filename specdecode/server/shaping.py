@@ -15,9 +15,10 @@ from .protocol import GenerationRequest
 from .scheduler import Step
 from .tools import ToolCallStream, chat_message, finish_reason
 
-# Figures a client could read other clients' activity from: how long its prefill took (whether a prefix was already
-# cached), what the passes it shared cost, whether it paid for a calibration. Out of responses unless --expose-timings.
-TIMING_STATS = frozenset({"tokens_per_s", "time", "predicted_speedup", "notes"})
+# Figures a client could read other clients' activity from: how long its prefill took and how much of its prompt was
+# cached (its own earlier prefix is still in a slot unless others' requests took it), what the passes it shared cost,
+# whether it paid for a calibration. Out of responses unless --expose-timings.
+TIMING_STATS = frozenset({"tokens_per_s", "time", "predicted_speedup", "notes", "cached_tokens"})
 
 
 def client_stats(stats: dict, expose_timings: bool) -> dict:
@@ -31,10 +32,26 @@ def usage_of(stats: dict, expose_timings: bool = False) -> dict:
         "completion_tokens": stats["generated_tokens"],
         "total_tokens": stats["prompt_tokens"] + stats["generated_tokens"],
         **{name: stats[name] for name in ("drafter", "drafted", "accepted", "alpha", "tau", "target_passes")},
+        # OpenAI's shape always; the figure only where timings are exposed (TIMING_STATS says why)
+        "prompt_tokens_details": {"cached_tokens": stats.get("cached_tokens", 0) if expose_timings else 0},
     }
     if expose_timings:
         usage["tokens_per_s"] = stats["tokens_per_s"]
     return usage
+
+
+def fingerprint(engine) -> str:
+    """OpenAI's system_fingerprint: what decides an answer's bits besides the request (the model file, its precision
+    and backend, the device, the instruction-set paths the kernels run, whether blocks are row-exact), so a client
+    can tell that two answers came from the same configuration. The draft model is not in it: output is lossless."""
+    import hashlib
+
+    from ..kernels import quant_isa_paths
+
+    target = engine.target
+    parts = [target.name, target.path.name, target.precision, target.backend,
+             str(getattr(target.model, "device", "cpu")), ",".join(quant_isa_paths()), str(engine.inexact)]
+    return "fp_" + hashlib.sha256("\n".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def response_logprobs(gen: GenerationRequest, entries: list[dict], text_offset: int = 0) -> dict | None:
@@ -91,6 +108,7 @@ class Shaper:
 
     model_name: str
     expose_timings: bool = False
+    fingerprint: str | None = None  # system_fingerprint (None where the engine is elsewhere: a cluster's entry point)
 
     def completion_body(self, gen: GenerationRequest, done: Gathered) -> dict:
         """The whole answer of a request that did not ask to stream."""
@@ -109,7 +127,7 @@ class Shaper:
             extension["replica"] = step.replica
         return {"id": response_id(gen.kind), "object": "chat.completion" if gen.kind == "chat" else "text_completion",
                 "created": int(time.time()), "model": self.model_name, "choices": [choice],
-                "usage": usage_of(step.stats, self.expose_timings), "system_fingerprint": None,
+                "usage": usage_of(step.stats, self.expose_timings), "system_fingerprint": self.fingerprint,
                 "specdecode": extension}
 
     def step_extension(self, step: Step) -> dict:
@@ -117,10 +135,7 @@ class Shaper:
                      "stats": client_stats(step.stats, self.expose_timings)}
         if step.replica is not None:
             extension["replica"] = step.replica
-        extra = {"specdecode": extension}
-        if step.finished:
-            extra["usage"] = usage_of(step.stats, self.expose_timings)
-        return extra
+        return {"specdecode": extension}
 
 
 class ChunkStream:
@@ -149,16 +164,19 @@ class ChunkStream:
         else:
             choice = {"index": self.index, "text": text or "", "logprobs": described, "finish_reason": finish_reason}
         payload = {"id": self.id, "object": "chat.completion.chunk" if self.gen.kind == "chat" else "text_completion",
-                   "created": self.created, "model": self.shaper.model_name, "system_fingerprint": None,
+                   "created": self.created, "model": self.shaper.model_name,
+                   "system_fingerprint": self.shaper.fingerprint,
                    "choices": [choice]}
         payload.update(extra or {})
         return payload
 
     def step_chunks(self, step: Step) -> list[dict]:
-        """The chunks of one step: its text (or tool-call deltas), then the usage chunk after the last step."""
+        """The chunks of one step: its text (or tool-call deltas), then, after the last step and only where the
+        request asked (stream_options.include_usage), one chunk with the usage and no choices, as OpenAI sends it.
+        The last text chunk carried the usage too: clients that add up every chunk's usage (LangChain) counted twice."""
         extra = self.shaper.step_extension(step)
-        if self.usages is not None and "usage" in extra:  # one choice of several: its usage joins the others'
-            self.usages.append(extra.pop("usage"))
+        if step.finished and self.usages is not None:  # one choice of several: its usage joins the others'
+            self.usages.append(usage_of(step.stats, self.shaper.expose_timings))
         if self.calls is not None:  # text outside calls as content, each call as tool_calls deltas
             deltas = self.calls.feed(step.text) + (self.calls.finish() if step.finished else [])
             reason = finish_reason(step.finish_reason, len(self.calls.completed)) if step.finished else None

@@ -24,6 +24,9 @@ from .api_error import ApiError
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 MAX_TOOLS = 128
+# How deep a tool's parameter schema, or a past call's arguments, may nest. Real schemas nest a few levels; the chat
+# template renders these recursively, and a few hundred levels overflowed its recursion (a 500).
+MAX_NESTING = 64
 # The JSON of a call exactly as the template writes one back into the conversation (tojson: ", " and ": ").
 CALL_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -91,6 +94,8 @@ def function_definition(function: dict, param: str) -> dict:
     if parameters is not None:
         if not isinstance(parameters, dict):
             raise _bad(f"{param}.parameters", f"'{param}.parameters' must be a JSON schema object, got {_kind(parameters)}", "invalid_type")
+        if nesting(parameters) > MAX_NESTING:
+            raise _bad(f"{param}.parameters", f"'{param}.parameters' nests deeper than {MAX_NESTING} levels")
         out["parameters"] = parameters
     strict = function.get("strict")
     if strict is not None:
@@ -98,6 +103,18 @@ def function_definition(function: dict, param: str) -> dict:
             raise _bad(f"{param}.strict", f"'{param}.strict' must be a boolean, got {_kind(strict)}", "invalid_type")
         out["strict"] = strict
     return out
+
+
+def nesting(value) -> int:
+    """How many lists and objects deep `value` goes (0 for a scalar). A loop, not recursion: it measures what may
+    be too deep for recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _tool_choice(choice, names: list[str]) -> str | dict:
@@ -146,8 +163,13 @@ def _past_call(call, param: str) -> dict:
         raise _bad(f"{param}.function.arguments", f"'arguments' must be a JSON string, got {_kind(arguments)}", "invalid_type")
     try:
         parsed = json.loads(arguments) if arguments.strip() else {}
+        too_deep = nesting(parsed) > MAX_NESTING  # the chat template renders them recursively
     except ValueError:
         raise _bad(f"{param}.function.arguments", "'arguments' must hold a JSON object") from None
+    except RecursionError:  # deeper than the parser goes
+        too_deep = True
+    if too_deep:
+        raise _bad(f"{param}.function.arguments", f"'arguments' nests deeper than {MAX_NESTING} levels")
     if not isinstance(parsed, dict):
         raise _bad(f"{param}.function.arguments", f"'arguments' must hold a JSON object, got {_kind(parsed)}")
     call_id = call.get("id")
@@ -156,11 +178,19 @@ def _past_call(call, param: str) -> dict:
 
 
 # ---------------------------------------------------------------------- the grammar of a compulsory call
-def tool_grammar(tools: list[dict] | None, tool_choice: str | dict, parallel: bool = True) -> str | None:
+def forces_call(tool_choice: str | dict) -> bool:
+    """Whether the answer must be a call ("required", or a named function): a grammar then constrains it."""
+    return tool_choice == "required" or isinstance(tool_choice, dict)
+
+
+def tool_grammar(tools: list[dict] | None, tool_choice: str | dict, parallel: bool = True,
+                 tags_are_tokens: bool = True) -> str | None:
     """A grammar (llguidance's Lark dialect) that admits only calls, in the template's format: to any of the tools
     for "required", to the named one for {"type": "function", ...}; one call, or several when `parallel`. None when
-    the model chooses ("auto") or must not call ("none"). Arguments follow each tool's parameter schema."""
-    if not tools or not (tool_choice == "required" or isinstance(tool_choice, dict)):
+    the model chooses ("auto") or must not call ("none"). Arguments follow each tool's parameter schema.
+    tags_are_tokens: the tags are tokens of their own (Qwen2.5's vocabulary), named as such; else text, spelled out
+    in whatever tokens the vocabulary has (a Hermes-format template on another model: call_format)."""
+    if not tools or not forces_call(tool_choice):
         return None
     if isinstance(tool_choice, dict):
         tools = [tool for tool in tools if tool["function"]["name"] == tool_choice["function"]["name"]]
@@ -168,9 +198,9 @@ def tool_grammar(tools: list[dict] | None, tool_choice: str | dict, parallel: bo
     repeat = ' ("\\n" call)*' if parallel else ""
     # A newline may end the calls: after "</tool_call>" the model writes "\n" before ending its turn, and a grammar
     # in which "\n" can only start another call makes it call again and again until max_tokens.
+    open_tag, close_tag = (TOOL_OPEN, TOOL_CLOSE) if tags_are_tokens else (json.dumps(TOOL_OPEN), json.dumps(TOOL_CLOSE))
     lines = [f"start: call{repeat} \"\\n\"?",
-             # the tags are single (special) tokens of the Qwen vocabulary, named as such
-             f"call: {TOOL_OPEN} \"\\n\" ({alternatives}) \"\\n\" {TOOL_CLOSE}"]
+             f"call: {open_tag} \"\\n\" ({alternatives}) \"\\n\" {close_tag}"]
     for index, tool in enumerate(tools):
         schema = call_schema(tool["function"])
         lines.append(f"call_{index}: %json {json.dumps(schema, ensure_ascii=False)}")
@@ -187,17 +217,40 @@ def call_schema(function: dict) -> dict:
             "required": ["name", "arguments"], "additionalProperties": False, **definitions}
 
 
-def tool_constraint(tools: list[dict] | None, tool_choice: str | dict, parallel: bool = True) -> GrammarSpec | None:
-    """The grammar a request with a compulsory call carries (GenerationRequest.grammar), its schemas checked."""
-    grammar = tool_grammar(tools, tool_choice, parallel)
-    if grammar is None:
-        return None
+def call_format(tokenizer) -> str:
+    """How this model writes a call: "tokens" (its template writes <tool_call>, a token of its own: Qwen2.5), "text"
+    (its template writes the tags, its vocabulary spells them out), or "" (its template has no <tool_call> format,
+    so no call can be forced in it)."""
+    hf = tokenizer.hf
+    if TOOL_OPEN not in str(getattr(hf, "chat_template", None) or ""):
+        return ""
+    ids = [hf.convert_tokens_to_ids(tag) for tag in (TOOL_OPEN, TOOL_CLOSE)]
+    return "tokens" if all(i is not None and i != hf.unk_token_id for i in ids) else "text"
+
+
+def compulsory_call(tools: list[dict], tool_choice: str | dict, parallel: bool, tokenizer) -> GrammarSpec:
+    """The grammar of a compulsory call as this model writes calls: every schema checked (seconds for many large
+    ones: call it off the event loop), and a 400 naming tool_choice where the model has no call format."""
     check_tool_grammar(tools)
-    return GrammarSpec("lark", grammar)
+    form = call_format(tokenizer)
+    if not form:
+        raise _bad("tool_choice", "this model's chat template has no <tool_call> format (Qwen2.5/Hermes), so a call"
+                   " cannot be made compulsory; send tool_choice \"auto\" and read the calls the model makes")
+    return GrammarSpec("lark", tool_grammar(tools, tool_choice, parallel, tags_are_tokens=form == "tokens"))
+
+
+def tool_constraint(tools: list[dict] | None, tool_choice: str | dict, parallel: bool = True) -> GrammarSpec | None:
+    """The grammar a request with a compulsory call carries (GenerationRequest.grammar), in Qwen2.5's format. The
+    scheduler's tokenizing replaces it with compulsory_call's, which checks the schemas (compiling 128 large ones
+    takes seconds, which must not run on the event loop nor before the request holds a place in the queue) and
+    fits the tags to the model."""
+    grammar = tool_grammar(tools, tool_choice, parallel)
+    return None if grammar is None else GrammarSpec("lark", grammar)
 
 
 def check_tool_grammar(tools: list[dict]) -> None:
-    """400 naming the tool whose parameter schema the grammar engine (llguidance) cannot compile, if installed."""
+    """400 naming the tool whose parameter schema the grammar engine (llguidance) cannot compile, if installed.
+    Seconds for many large schemas: call it off the event loop."""
     try:
         import llguidance
     except ImportError:
@@ -217,34 +270,35 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def _call(block: str) -> dict | None:
+def _call(block: str, tools: list[dict] | None = None) -> dict | None:
     """One call as OpenAI answers it ({id, type, function: {name, arguments as JSON text}}), or None when the text
-    between the tags is no call."""
+    between the tags is no call the client could send back in its next turn (tool_message takes it): not JSON,
+    arguments that are no object or nest too deep, or a name that is none of `tools` (None: any name)."""
     try:
         parsed = json.loads(block)
-    except ValueError:
-        return None
-    if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
-        return None
-    arguments = parsed.get("arguments", parsed.get("parameters", {}))
-    if isinstance(arguments, str):
-        try:
-            json.loads(arguments)
-        except ValueError:
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str) or not parsed["name"]:
             return None
-    else:
-        arguments = json.dumps(arguments, ensure_ascii=False)
+        arguments = parsed.get("arguments", parsed.get("parameters", {}))
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+        if not isinstance(value, dict) or nesting(value) > MAX_NESTING:
+            return None
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+    except (ValueError, RecursionError):  # an answer nested deeper than the parser goes is no call either
+        return None
+    if tools is not None and parsed["name"] not in {tool["function"]["name"] for tool in tools}:
+        return None
     return {"id": new_call_id(), "type": "function", "function": {"name": parsed["name"], "arguments": arguments}}
 
 
 def _bare_call(text: str, tools: list[dict] | None) -> dict | None:
     """A whole answer that is one call's JSON without the tags (small Qwen models answer so), perhaps in a ```json
     fence, as a call; only when it names one of the tools."""
+    if not tools:
+        return None
     text = text.strip()
     fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.S)
-    call = _call(fenced.group(1) if fenced else text)
-    names = {tool["function"]["name"] for tool in tools or ()}
-    return call if call is not None and call["function"]["name"] in names else None
+    return _call(fenced.group(1) if fenced else text, tools)
 
 
 def _may_be_bare_call(text: str) -> bool:
@@ -254,8 +308,9 @@ def _may_be_bare_call(text: str) -> bool:
 
 def parse_tool_calls(text: str, tools: list[dict] | None = None, parallel: bool = True) -> tuple[str | None, list[dict]]:
     """(content, calls) of an answer: the calls of its complete `<tool_call>` blocks, in order, and the text
-    outside them, stripped (None when empty). A block that holds no valid call, or one cut off, stays text; an
-    answer that is a call to one of `tools` without the tags is that call. Without `parallel`, the first call only."""
+    outside them, stripped (None when empty). A block that holds no valid call stays text; one cut off (the answer
+    ends inside it: max_tokens) is neither; an answer that is a call to one of `tools` without the tags is that call.
+    Without `parallel`, the first call only."""
     stream = ToolCallStream(parallel, tools)
     stream.feed(text)
     stream.finish()
@@ -294,7 +349,7 @@ class ToolCallStream:
                 if end < 0:
                     return out
                 block, self.pending, self.inside = self.pending[:end], self.pending[end + len(TOOL_CLOSE):], False
-                call = _call(block)
+                call = _call(block, self.tools)
                 if call is None:
                     out += self._text(TOOL_OPEN + block + TOOL_CLOSE)
                 elif self.parallel or not self.completed:
@@ -312,7 +367,9 @@ class ToolCallStream:
             return out
 
     def finish(self) -> list[dict]:
-        """The deltas of what is held at the end: a cut-off call is text; trailing whitespace is dropped."""
+        """The deltas of what is held at the end; trailing whitespace is dropped. A call cut off (the answer ends inside
+        its block, at max_tokens) is dropped: half a call is no call, and as content it showed clients the template's
+        markup and half a JSON object as the answer (the finish reason, "length", says the answer was cut)."""
         if self.holding:
             self.holding = False
             call = _bare_call(self.pending, self.tools)
@@ -320,7 +377,7 @@ class ToolCallStream:
                 self.pending = ""
                 return self._call_deltas(call)
             return self.feed("") + self.finish()
-        rest = (TOOL_OPEN if self.inside else "") + self.pending
+        rest = "" if self.inside else self.pending
         self.pending, self.inside = "", False
         return self._text(rest)
 

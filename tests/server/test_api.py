@@ -279,3 +279,68 @@ def test_responses_carry_no_timings_unless_the_operator_exposes_them(client, liv
         assert answer["specdecode"]["stats"]["time"]["prefill"] > 0 and "tokens_per_s" in answer["usage"]
     finally:
         exposed.stop()
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_stream_carries_its_usage_once_and_only_when_asked(client, kind, include_usage):
+    """The last text chunk carried `usage` even without stream_options.include_usage, and with it the usage came
+    twice: LangChain's ChatOpenAI(stream_usage=True) adds up every chunk's usage and reported double the tokens.
+    OpenAI sends it once, in a last chunk with no choices, and only when asked."""
+    options = {"stream_options": {"include_usage": True}} if include_usage else {}
+    if kind == "chat":
+        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+                                                stream=True, **options, **GREEDY)
+    else:
+        stream = client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=5, stream=True, **options, **GREEDY)
+    chunks = list(stream)
+    with_usage = [chunk for chunk in chunks if chunk.usage is not None]
+    if not include_usage:
+        assert with_usage == []
+    else:
+        assert len(with_usage) == 1 and with_usage[0] is chunks[-1] and with_usage[0].choices == []
+        assert with_usage[0].usage.completion_tokens == 5
+
+
+def test_every_answer_names_its_request_id(client, live_server):
+    """OpenAI's answers carry x-request-id (the SDK's `_request_id`, what a bug report quotes); ours carried none."""
+    response = client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=1, **GREEDY)
+    assert response._request_id and response._request_id.startswith("req_")
+    ids = {httpx.get(live_server.base_url + "/health").headers["x-request-id"] for _ in range(2)}
+    assert len(ids) == 2  # one per request, errors and pages alike
+
+
+def test_cached_tokens_counts_the_reused_prefix_where_timings_are_exposed(client, models):
+    """usage.prompt_tokens_details.cached_tokens was always 0 though the prefix was reused. It tells whether the
+    client's own earlier prefix is still in a slot, which other clients' traffic decides: the figure goes out with
+    the timings (--expose-timings), and the field, 0, otherwise."""
+    import openai
+
+    from specdecode.engine import Engine
+    from specdecode.server.app import create_app
+
+    from .conftest import start_server
+
+    messages = [{"role": "system", "content": "You are a terse assistant. " * 8}, {"role": "user", "content": "Hi"}]
+    default = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, **GREEDY)
+    assert default.usage.prompt_tokens_details.cached_tokens == 0
+    engine = Engine(models[0], None, max_context=256)
+    exposed = start_server(create_app(engine, "lookup", MODEL, expose_timings=True), engine)
+    try:
+        own = openai.OpenAI(base_url=exposed.api_url, api_key="unused", max_retries=0, timeout=60)
+        first, second = (own.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, **GREEDY) for _ in range(2))
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        assert 0 < second.usage.prompt_tokens_details.cached_tokens < second.usage.prompt_tokens
+    finally:
+        exposed.stop()
+
+
+def test_answers_carry_the_configurations_fingerprint(client, live_server):
+    """system_fingerprint was always null; it names what decides the bits (model file, precision, kernel path)."""
+    from specdecode.server.shaping import fingerprint
+
+    expected = fingerprint(live_server.engine)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1, **GREEDY)
+    stream = client.completions.create(model=MODEL, prompt=CODE_PROMPT, max_tokens=2, stream=True, **GREEDY)
+    assert expected.startswith("fp_") and chat.system_fingerprint == expected
+    assert {chunk.system_fingerprint for chunk in stream} == {expected}

@@ -91,3 +91,29 @@ def test_n_outside_one_to_the_batch_size_is_a_400(live_server, n):
     body = {"model": MODEL, "prompt": "x", "max_tokens": 1, "n": n}
     response = httpx.post(live_server.api_url + "/completions", json=body, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["param"] == "n"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_batch_of_prompts_answers_each_with_n_choices(client, alone, stream):
+    """/v1/completions refused a list of prompts; OpenAI answers each, n choices per prompt, prompt i's choice j at
+    index i * n + j, and usage counts each prompt once."""
+    prompts = ["def add(a, b):", "The capital of France is"]
+    expected = [alone(prompt, 6, 0.9, SEED + j, chat=False) for prompt in prompts for j in range(2)]
+    response = client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=6, temperature=0.9, seed=SEED,
+                                         stream=stream, **({"stream_options": {"include_usage": True}} if stream else {}))
+    texts, usage = {}, None
+    for chunk in (response if stream else [response]):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+        usage = chunk.usage or usage
+    assert [texts[index] for index in range(4)] == [e.text for e in expected]
+    assert usage.prompt_tokens == expected[0].stats.prompt_tokens + expected[2].stats.prompt_tokens
+    assert usage.completion_tokens == sum(len(e.token_ids) for e in expected)
+
+
+def test_a_batch_too_large_for_the_batch_is_a_400(client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt=["a", "b", "c"], n=3, max_tokens=1)
+    assert refused.value.body["param"] == "prompt"

@@ -135,9 +135,11 @@ def metric_by_replica(base: str, name: str) -> dict[str, float]:
 
 
 def test_health_counts_the_ready_replicas(cluster):
-    health = httpx.get(cluster + "/health").json()
+    health = httpx.get(cluster + "/health", headers=AUTH).json()  # the replicas' queues: for who may read /metrics
     assert health["status"] == "ok" and health["model"] == MODEL
     assert health["replicas"] == 2 and health["replicas_ready"] == 2 and len(health["replica_states"]) == 2
+    public = httpx.get(cluster + "/health").json()
+    assert public["replicas_ready"] == 2 and "replica_states" not in public and "in_flight" not in public
 
 
 def test_greedy_text_equals_the_one_process_server(openai_client, client):
@@ -199,7 +201,7 @@ def test_32_concurrent_streaming_clients_complete_without_errors(cluster):
     with ThreadPoolExecutor(32) as pool:
         results = list(pool.map(one, range(32)))
     assert all(r["done"] and r["error"] is None and r["finish"] in ("length", "stop") for r in results), results
-    assert {r["replica"] for r in results} == set(httpx.get(cluster + "/health").json()["replica_states"])
+    assert {r["replica"] for r in results} == set(httpx.get(cluster + "/health", headers=AUTH).json()["replica_states"])
 
 
 def test_the_second_turn_of_a_chat_lands_on_the_replica_that_served_the_first(cluster, openai_client):
@@ -246,7 +248,7 @@ def test_the_entry_point_answers_429_once_every_replica_queue_is_full(cluster):
 def replica_pids(cluster: str) -> dict[str, int]:
     """The ready engine replicas' process ids, by replica. Each replica process keeps its own Serve log open, named by
     its replica id: /proc tells which process that is (the test process is no driver of the command's cluster)."""
-    ready = {r for r, state in httpx.get(cluster + "/health").json()["replica_states"].items() if state["ready"]}
+    ready = {r for r, state in httpx.get(cluster + "/health", headers=AUTH).json()["replica_states"].items() if state["ready"]}
     pids = {}
     for proc in Path("/proc").iterdir():
         try:

@@ -88,7 +88,7 @@ def test_disconnect_mid_stream_frees_the_engine(live_server):
 def test_full_queue_answers_429_then_recovers(small_server):
     """Queue of one: one request runs, one waits, the third is refused with Retry-After."""
     base, headers = small_server.base_url, {"Authorization": f"Bearer {API_KEY}"}
-    health = lambda: poll_get(base + "/health").json()  # noqa: E731
+    health = lambda: poll_get(base + "/health", headers=headers).json()  # noqa: E731  (its counts need the key)
     long_body = {"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6, 7,", "max_tokens": 400, "temperature": 0,
                  "stream": True, "speculative": {"drafter": "none"}}
     queued_result = {}
@@ -111,6 +111,8 @@ def test_full_queue_answers_429_then_recovers(small_server):
             assert refused.status_code == 429
             assert int(refused.headers["Retry-After"]) >= 1
             assert refused.json()["error"]["code"] == "queue_full"
+            assert not any(c.isdigit() for c in refused.json()["error"]["message"])  # how many wait: nobody's business
+            assert "queue_depth" not in poll_get(base + "/health").json()  # nor without the key
             with pytest.raises(openai.RateLimitError):
                 openai.OpenAI(base_url=small_server.api_url, api_key=API_KEY, max_retries=0).completions.create(
                     model=MODEL, prompt="x", max_tokens=1)

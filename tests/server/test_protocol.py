@@ -68,7 +68,8 @@ def test_chat_messages_and_content_parts():
     ({"model": 3}, "model"),
     ({"prompt": None}, "prompt"),
     ({"prompt": 42}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": ["a", [1, 2]]}, "prompt"),  # a batch mixes strings and token ids (["a", "b"] is a batch of two)
+    ({"prompt": [[1, 2], []]}, "prompt"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": -3}, "max_tokens"),
     ({"max_tokens": "8"}, "max_tokens"),

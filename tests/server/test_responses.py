@@ -47,6 +47,17 @@ def test_the_answer_is_the_chat_answer(client):
         client.responses.retrieve(response.id)
 
 
+def test_chats_extensions_take_effect(client):
+    """top_k, min_p, the penalties and stop were dropped in silence; they pass through to the chat request."""
+    messages = [{"role": "user", "content": "Count from one to ten in words."}]
+    extensions = {"repetition_penalty": 1.3, "top_k": 5, "stop": [" four"]}
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0, extra_body=extensions)
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    response = client.responses.create(model=MODEL, input=messages[0]["content"], store=False, temperature=0,
+                                       max_output_tokens=24, extra_body=extensions)
+    assert response.output_text == chat.choices[0].message.content != plain.choices[0].message.content
+
+
 def test_streamed_events(client):
     first = client.responses.create(model=MODEL, input="Say hello.", **SHORT)
     events = list(client.responses.create(model=MODEL, input="Again.", previous_response_id=first.id, stream=True, **SHORT))
@@ -108,6 +119,16 @@ GOOD = {"model": MODEL, "input": "hi", "max_output_tokens": 1}
     ({"text": {"format": {"type": "xml"}}}, 400, "text.format.type"),
     ({"store": "yes"}, 400, "store"),
     ({"model": "gpt-17"}, 404, "model"),
+    # Fields the route does not implement were dropped in silence (a 200 that ignored them), where chat answers 400.
+    ({"bogus_field": 1}, 400, "bogus_field"),
+    ({"background": True}, 400, "background"),
+    ({"conversation": "conv_123"}, 400, "conversation"),
+    ({"include": ["message.output_text.logprobs"]}, 400, "include"),
+    ({"top_logprobs": 5}, 400, "top_logprobs"),
+    ({"truncation": "auto"}, 400, "truncation"),
+    ({"n": 3}, 400, "n"),
+    ({"reasoning": {"effort": "low"}}, 400, "reasoning"),
+    ({"presence_penalty": 3}, 400, "presence_penalty"),  # chat's extensions pass through, checked as chat checks them
 ])
 def test_bad_input_is_a_4xx_naming_the_param(live_server, change, status, param):
     body = {key: value for key, value in {**GOOD, **change}.items() if value is not None}
@@ -147,12 +168,26 @@ def test_items_tools_and_formats_become_the_chat_request():
     assert chat_request({**plain, "text": {"format": {"type": "text"}}}, [])[0].grammar is None
 
 
-def test_the_store_keeps_each_namespace_to_its_bound():
-    store = ResponseStore(per_namespace=2, total=3)
+def test_the_store_keeps_each_client_to_its_bound():
+    store = ResponseStore(per_client=2, total=3)
     for index in range(3):
-        store.put(f"a{index}", Stored("A", {}, []))
+        store.put(f"a{index}", Stored("A", {}, [], client="a"))
     assert store.get("A", "a0") is None and store.get("A", "a2") is not None
-    store.put("b0", Stored("B", {}, []))
-    store.put("b1", Stored("B", {}, []))  # four held: the oldest of all goes
+    store.put("b0", Stored("B", {}, [], client="b"))
+    store.put("b1", Stored("B", {}, [], client="b"))  # four held, two each: the oldest of the older client goes
     assert store.get("A", "a1") is None and store.get("B", "b0") is not None and store.get("A", "a2") is not None
     assert store.get("B", "a2") is None and not store.delete("B", "a2")
+
+
+def test_a_client_minting_namespaces_pushes_out_only_its_own_responses():
+    """The cap was per namespace and the total dropped the oldest of anyone's: on a keyless server a client
+    varying its bearer token (a namespace per token) evicted every other client's stored conversations."""
+    store = ResponseStore(per_client=5, total=20)
+    store.put("victim", Stored("V", {}, [], client="victim"))
+    for token in range(20):
+        for index in range(5):
+            store.put(f"x{token}.{index}", Stored(f"X{token}", {}, [], client="attacker"))
+    assert store.get("V", "victim") is not None
+    for other in range(18):  # 18 other clients fill the store: the one holding the most (the attacker) makes room
+        store.put(f"o{other}", Stored(f"O{other}", {}, [], client=f"other{other}"))
+    assert store.get("V", "victim") is not None and len([k for k in store._items if k.startswith("x")]) == 1

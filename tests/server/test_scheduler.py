@@ -316,3 +316,117 @@ def test_health_answers_503_while_draining_and_while_shutting_down():
         assert down.status_code == 503 and down.json()["status"] == "shutting_down"
     finally:
         scheduler.close()
+
+
+def test_a_job_cancelled_while_it_is_admitted_still_ends_and_frees_its_place():
+    """A client hanging up between _admissions (event loop) and _tick's cancels (engine thread) left its ticket
+    dropped by the batch with no final event: the job stayed in `running` for good, holding a batch place, and
+    the worker spun. max_batch such hang-ups stopped the server."""
+    async def scenario():
+        scheduler = Scheduler(tiny_engine(max_context=64), "none", 4, ServerMetrics("fake"), max_batch=1)
+        gone = Job(request([1, 2, 3], 4), user_key="a")
+        scheduler.submit(gone)
+        admitted = scheduler._admissions()
+        scheduler.cancel(admitted[0], "client_disconnected")  # while _begin would run on the engine thread
+        for job, message in scheduler._tick(admitted):
+            scheduler._deliver(job, message)
+        assert gone.state == "done" and not scheduler.running and scheduler.idle()
+        worker = asyncio.create_task(scheduler.run())
+        healthy = Job(request([1, 2, 3], 4), user_key="b")
+        scheduler.submit(healthy)
+        events = await drain(healthy)
+        worker.cancel()
+        scheduler.close()
+        return events
+
+    assert last_step(asyncio.run(scenario())).stats["generated_tokens"] == 4
+
+
+def test_a_ticket_cancelled_before_it_starts_ends_with_no_tokens():
+    from specdecode.batch import BatchEngine
+
+    batch = BatchEngine(tiny_engine(max_context=64), max_batch=1)
+    ticket = batch.submit([1, 2, 3], drafter="none", max_new_tokens=4)
+    batch.cancel(ticket)
+    batch.step()
+    assert ticket.finished and not batch.busy
+    assert ticket.result().token_ids == [] and ticket.result().stats.finish_reason == "cancelled"
+
+
+def test_an_unexpected_error_admitting_one_job_fails_that_job_only():
+    """Only ApiError and SpecDecodeError were caught around _begin: anything else failed the whole pass, and every
+    running request got a 500 carrying that exception's text."""
+    async def scenario():
+        scheduler = Scheduler(tiny_engine(max_context=64), "none", 4, ServerMetrics("fake"))
+        begin = scheduler._begin
+
+        def broken_for_b(job):
+            if job.user_key == "b":
+                raise RuntimeError("secret of b")
+            return begin(job)
+
+        scheduler._begin = broken_for_b
+        worker = asyncio.create_task(scheduler.run())
+        a, b = Job(request([1, 2, 3], 6), user_key="a"), Job(request([4, 5, 6], 6), user_key="b")
+        scheduler.submit(a)
+        scheduler.submit(b)
+        results = await drain(a), await drain(b)
+        worker.cancel()
+        scheduler.close()
+        return results
+
+    a_events, b_events = asyncio.run(scenario())
+    assert last_step(a_events).stats["generated_tokens"] == 6
+    kind, error = b_events[-1]
+    assert kind == "error" and error.status == 500 and "secret" not in error.message
+
+
+def test_one_client_filling_the_queue_leaves_room_for_another():
+    """The queue's bound was global: one lane took every place and every other client's first request got 429."""
+    async def scenario():
+        scheduler = Scheduler(tiny_engine(), "none", 8, ServerMetrics("fake"), max_batch=4)  # room: 8 + 4 free slots
+        flooded = 0
+        with pytest.raises(ApiError) as refused:
+            while True:
+                scheduler.submit(Job(request(), user_key="flooder"))
+                flooded += 1
+        other = Job(request(), user_key="other")
+        scheduler.submit(other)  # a place is still there for it
+        scheduler.close()
+        return flooded, refused.value, other
+
+    flooded, refused, other = asyncio.run(scenario())
+    assert refused.status == 429 and flooded == 9 and other.state == "queued"
+
+
+def test_a_request_failing_in_its_verdict_fails_alone(monkeypatch):
+    """One request's exception in the batch's pass (a temperature of 1e-300 made NaN probabilities) failed the pass:
+    every request in it got a 500. Its verdict is its own: it fails alone, the others keep their tokens."""
+    from specdecode.generation import Generation
+
+    apply = Generation.apply
+
+    def broken_for_b(self, *args, **kwargs):
+        if self.request.namespace == "b":
+            raise ValueError("sampling from a distribution with no mass")
+        return apply(self, *args, **kwargs)
+
+    monkeypatch.setattr(Generation, "apply", broken_for_b)
+    engine = tiny_engine(max_context=64)
+    solo = engine.generate([1, 2, 3], drafter="none", max_new_tokens=6).token_ids
+
+    async def scenario():
+        scheduler = Scheduler(engine, "none", 4, ServerMetrics("fake"))
+        worker = asyncio.create_task(scheduler.run())
+        a = Job(request([1, 2, 3], 6), user_key="a", namespace="a")
+        b = Job(request([4, 5, 6], 6), user_key="b", namespace="b")
+        scheduler.submit(a)
+        scheduler.submit(b)
+        results = await drain(a), await drain(b)
+        worker.cancel()
+        scheduler.close()
+        return results
+
+    a_events, b_events = asyncio.run(scenario())
+    assert [t for kind, step in a_events if kind == "step" for t in step.tokens] == solo
+    assert b_events[-1][0] == "error" and b_events[-1][1].status == 500

@@ -127,3 +127,49 @@ def test_a_compulsory_call_is_the_same_with_every_drafter(qwen_client, sampling)
         for drafter in ("lookup", "suffix", "auto"):
             assert call(drafter) == plain, (drafter, choice)
     assert rejected > 0, "no draft was refused: the equality above never saw the verifier reject anything"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_off_by_max_tokens_is_no_content(qwen_client, stream):
+    """The answer cut inside its <tool_call> block came back as content: the template's markup and half a JSON
+    object, shown to the user as the answer. Half a call is neither a call nor content; "length" says it was cut.
+    (tool_choice "required": its grammar makes the answer start with the tag, where this small model may call bare.)"""
+    answer = qwen_client.chat.completions.create(model=QWEN, messages=QUESTION, tools=[WEATHER], temperature=0,
+                                                 tool_choice="required", max_tokens=6, stream=stream)
+    content, calls, finish = "", [], None
+    for chunk in (answer if stream else [answer]):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        part = choice.delta if stream else choice.message
+        content += part.content or ""
+        calls += part.tool_calls or []
+        finish = choice.finish_reason or finish
+    assert finish == "length" and calls == [] and "<tool_call>" not in content and "{" not in content
+
+
+# A Hermes-format template (the tags as text) on smollm2, whose vocabulary has no <tool_call> token
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call these tools:\n<tools>\n{% for t in tools %}{{ t | tojson }}\n"
+    "{% endfor %}</tools>\nCall one as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call><|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+CITY = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_a_compulsory_call_on_a_vocabulary_without_the_tag_tokens(client, live_server, monkeypatch, choice):
+    """The grammar named <tool_call> as a token: on any vocabulary without it, tool_choice "required" or a named
+    function answered 400 with llguidance's raw error (param null). The tags are now text where the vocabulary
+    spells them out; a template with no call format at all is one clear 400 naming tool_choice."""
+    monkeypatch.setattr(live_server.engine.tokenizer.hf, "chat_template", HERMES_TEMPLATE)
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[CITY], tool_choice=choice,
+                                            temperature=0, max_tokens=40).choices[0]
+    [call] = answer.message.tool_calls
+    assert answer.finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    monkeypatch.setattr(live_server.engine.tokenizer.hf, "chat_template", HERMES_TEMPLATE.replace("tool_call", "call"))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[CITY], tool_choice=choice, max_tokens=4)
+    assert refused.value.body["param"] == "tool_choice" and "<tool_call>" in refused.value.body["message"]

@@ -40,7 +40,7 @@ def test_parse_calls_and_the_text_around_them():
     ("  \n", None),
     (call_block("get_time", {}), None),
     ("<tool_call>\nnot json\n</tool_call> after", "<tool_call>\nnot json\n</tool_call> after"),  # no call: stays text
-    ("cut off <tool_call>\n{\"name\": \"get_ti", "cut off <tool_call>\n{\"name\": \"get_ti"),
+    ("cut off <tool_call>\n{\"name\": \"get_ti", "cut off"),  # half a call: neither a call nor content
     ("a <tool_call", "a <tool_call"),
 ])
 def test_text_that_holds_no_complete_call_stays_text(text, content):
@@ -132,8 +132,6 @@ def test_tool_choice_none_hides_the_tools_and_required_carries_a_grammar():
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strang"}}}], "tool_choice": "required"},
-     "tools[0].function.parameters"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
     ({"messages": [{"role": "assistant", "tool_calls": "x"}]}, "messages[0].tool_calls"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]},
@@ -145,6 +143,18 @@ def test_bad_tool_requests_name_the_field(change, param):
     with pytest.raises(ApiError) as caught:
         parse_chat({**CHAT, **change})
     assert caught.value.status == 400 and caught.value.param == param
+
+
+def test_a_schema_the_grammar_engine_refuses_is_named_when_the_request_is_tokenized():
+    """Compiling the schemas takes seconds for large ones: parse_chat (on the event loop) leaves it to the
+    scheduler's tokenizing (check_tool_grammar), which names the tool."""
+    from specdecode.server.tools import check_tool_grammar
+
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "strang"}}}
+    request = parse_chat({**CHAT, "tools": [WEATHER, bad], "tool_choice": "required"})
+    with pytest.raises(ApiError) as caught:
+        check_tool_grammar(request.tools)
+    assert caught.value.status == 400 and caught.value.param == "tools[1].function.parameters"
 
 
 # ---------------------------------------------------------------------- the grammar, with llguidance
@@ -241,3 +251,55 @@ def test_a_template_without_tools_support_is_refused():
 
     with pytest.raises(ToolsUnsupported, match="tools"):
         Tokenizer(hf=Template()).chat_prompt([{"role": "user", "content": "hi"}], tools=[WEATHER])
+
+
+def test_an_answer_nested_past_the_parsers_depth_is_text_not_a_500():
+    """A client can force the answer into thousands of brackets (a recursive schema and a logit_bias on "["): with
+    tools listed it looked like a bare call, and json.loads raised RecursionError out of the answer (a 500)."""
+    deep = '{"name": "get_weather", "arguments": ' + "[" * 5000 + "]" * 5000 + "}"
+    for text in (deep, "<tool_call>\n" + deep + "\n</tool_call>"):
+        message, reason = chat_message(text, "stop", [WEATHER])
+        assert message == {"role": "assistant", "content": text} and reason == "stop"
+        stream = ToolCallStream(True, [WEATHER])
+        deltas = stream.feed(text) + stream.finish()
+        assert "".join(d.get("content", "") for d in deltas) == text and not stream.completed
+
+
+def test_a_template_that_recurses_too_deep_is_a_chat_template_error():
+    """The chat template renders tools and arguments recursively: a RecursionError escaped as a 500."""
+    from specdecode.errors import ChatTemplateError
+    from specdecode.tokenizer import Tokenizer
+
+    class Template:
+        chat_template = "{{ messages }}"
+        added_tokens_decoder = {}
+
+        def apply_chat_template(self, messages, tools=None, add_generation_prompt=True, tokenize=False):
+            raise RecursionError("maximum recursion depth exceeded")
+
+    with pytest.raises(ChatTemplateError, match="nest too deeply"):
+        Tokenizer(hf=Template()).chat_prompt([{"role": "user", "content": "hi"}], tools=[WEATHER])
+
+
+@pytest.mark.parametrize("block", [
+    '{"name": "get_weather", "arguments": [1, 2]}',
+    '{"name": "get_weather", "arguments": null}',
+    '{"name": "get_weather", "arguments": "[1, 2]"}',
+    '{"name": "get_weather", "arguments": ' + "[" * 70 + "]" * 70 + "}",
+    '{"name": "not_a_tool", "arguments": {}}',
+    '{"name": "", "arguments": {}}',
+])
+def test_a_call_that_could_not_be_sent_back_stays_text(block):
+    """The answer carried calls with non-object arguments, or to names outside `tools`, as tool_calls: sending the
+    assistant message back in the next turn was then a 400 (and a stored Responses chain could not go on)."""
+    text = f"<tool_call>\n{block}\n</tool_call>"
+    message, reason = chat_message(text, "stop", [WEATHER])
+    assert message == {"role": "assistant", "content": text} and reason == "stop"
+
+
+def test_every_call_the_server_answers_goes_back_in_the_next_turn():
+    message, reason = chat_message(TWO_CALLS, "stop", [WEATHER, TIME])
+    assert reason == "tool_calls" and len(message["tool_calls"]) == 2
+    replies = [{"role": "tool", "tool_call_id": call["id"], "content": "ok"} for call in message["tool_calls"]]
+    request = parse_chat({**CHAT, "tools": [WEATHER, TIME], "messages": CHAT["messages"] + [message] + replies})
+    assert [call["function"]["name"] for call in request.prompt[1]["tool_calls"]] == ["get_weather", "get_time"]
