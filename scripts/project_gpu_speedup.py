@@ -9,8 +9,10 @@ decode speedup over plain decoding is then
     tau * step / (pass(K+1) + overhead)
 
 with step the engine's plain time per token, pass(R) the GPU pass of R rows and overhead the engine's time per
-step outside the pass (engine step minus model step). Acceptance on the GPU equals the CPU's: both are exact, so
-the target's tokens, and which drafts it accepts, are the same.
+step outside the pass (engine step minus model step). Assumed, not known: that acceptance carries over. The GPU
+computes the model in bfloat16 and the CPU in int8 (each exact against itself, not against the other), so their
+greedy texts differ here and there; and the CPU's adaptive K chose its draft lengths from CPU costs, where a GPU's
+cheaper verify blocks would let it draft more.
 
     .venv/bin/python scripts/project_gpu_speedup.py GPU_RESULTS.json BENCH_RESULTS.json [...]
 """
