@@ -102,8 +102,19 @@ def get(url: str, **kwargs) -> httpx.Response:
     return httpx.get(url, headers=AUTH, **kwargs)
 
 
-def post(url: str, **kwargs) -> httpx.Response:
-    return httpx.post(url, headers={**AUTH, **kwargs.pop("headers", {})}, **kwargs)
+def post(url: str, source: str = "127.0.0.1", **kwargs) -> httpx.Response:
+    with from_address(source) as client:
+        return client.post(url, headers={**AUTH, **kwargs.pop("headers", {})}, **kwargs)
+
+
+def from_address(source: str) -> httpx.Client:
+    """A client connecting from `source`, a loopback address: each address is another peer, so another client of the
+    fair queue, whose lanes each hold at most three quarters of a replica's places."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=300)
+
+
+def peer(index: int) -> str:
+    return f"127.0.0.{2 + index}"
 
 
 def test_the_key_is_required_and_a_spoofed_forwarded_for_keeps_the_clients_namespace(cluster):
@@ -166,11 +177,12 @@ def test_errors_keep_their_shape(cluster, openai_client):
     assert rebound.status_code == 421 and rebound.json()["error"]["code"] == "host_not_allowed"
 
 
-def stream_one(base: str, body: dict, on_replica=None) -> dict:
-    """A streamed completion: its text, finish reason, replica, and the error event if it ended with one.
+def stream_one(base: str, body: dict, on_replica=None, source: str = "127.0.0.1") -> dict:
+    """A streamed completion from `source`: its text, finish reason, replica, and the error event if it ended with one.
     on_replica(replica) is called at the first chunk, which names the replica generating it."""
     result = {"text": "", "finish": None, "replica": None, "error": None, "done": False}
-    with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True}, headers=AUTH, timeout=300) as response:
+    with from_address(source) as client, client.stream("POST", base + "/v1/completions", json={**body, "stream": True},
+                                                       headers=AUTH) as response:
         assert response.status_code == 200, response.read()
         for line in response.iter_lines():
             if not line.startswith("data: "):
@@ -196,7 +208,7 @@ def test_32_concurrent_streaming_clients_complete_without_errors(cluster):
     def one(index: int) -> dict:
         gate.wait()
         return stream_one(cluster, {"model": MODEL, "prompt": f"Item {index}: the number {index} squared is",
-                                    "max_tokens": 6, "temperature": 0})
+                                    "max_tokens": 6, "temperature": 0}, source=peer(index))
 
     with ThreadPoolExecutor(32) as pool:
         results = list(pool.map(one, range(32)))
@@ -232,9 +244,9 @@ def test_the_entry_point_answers_429_once_every_replica_queue_is_full(cluster):
     extra = 12
     gate = threading.Barrier(capacity + extra)
 
-    def one(index: int) -> httpx.Response:
+    def one(index: int) -> httpx.Response:  # each from its own address: the replicas' bounds, not a lane's share
         gate.wait()
-        return post(cluster + "/v1/completions", timeout=300, json={
+        return post(cluster + "/v1/completions", source=peer(index), json={
             "model": MODEL, "prompt": f"Request {index}:", "max_tokens": 32, "temperature": 0})
 
     with ThreadPoolExecutor(capacity + extra) as pool:
@@ -280,7 +292,7 @@ def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it
     def one(index: int) -> None:
         body = {"model": MODEL, "prompt": f"Count from {index}: {index}, {index + 1},", "max_tokens": 48,
                 "temperature": 0, "user": f"client-{index}"}
-        results.append(stream_one(cluster, body, on_replica=kill_at_the_victims_first_chunk))
+        results.append(stream_one(cluster, body, on_replica=kill_at_the_victims_first_chunk, source=peer(index)))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
     for thread in threads:
@@ -288,6 +300,7 @@ def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it
     for thread in threads:
         thread.join(timeout=300)
     assert not any(thread.is_alive() for thread in threads), "a stream hung"
+    assert len(results) == 16  # none refused (a refusal fails its thread before it records a result)
     assert killed.is_set()
     failed = [r for r in results if r["error"] is not None]
     # The generations running in the victim's batch fail (at most --max-batch); those queued there ran elsewhere.
