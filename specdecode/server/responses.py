@@ -200,7 +200,8 @@ def text_format(body: dict) -> GrammarSpec | None:
 
 
 CHAT_PARAMS = [(re.compile(r"^messages.*"), "input"), (re.compile(r"^max_(completion_)?tokens$"), "max_output_tokens"),
-               (re.compile(r"^(tools\[\d+\])\.function\."), r"\1."), (re.compile(r"^tool_choice\.function\."), "tool_choice.")]
+               (re.compile(r"^(tools\[\d+\])\.function\."), r"\1."), (re.compile(r"^tool_choice\.function\."), "tool_choice."),
+               (re.compile(r"^response_format"), "text.format")]
 
 
 def as_responses_error(exc: ApiError) -> ApiError:

@@ -175,3 +175,26 @@ def test_bad_bodies_beside_a_running_generation_leave_it_its_solo_tokens(client,
     victim, statuses = run_beside_victim(client, attack)
     assert max(statuses) < 500, statuses
     assert victim == victim_alone.text
+
+
+def test_a_schema_compiles_off_the_engine_thread(client, monkeypatch):
+    """The engine thread compiled a request's schema (Engine.request) for each of its choices while every running
+    stream waited: a tenth of a second and more each for a large schema, times n. It compiles now in the threads
+    that tokenize the choices (which run side by side: each may compile it), and the engine finds it compiled."""
+    import threading
+
+    from specdecode import grammar
+
+    threads, compile_ = [], grammar.grammar_text
+
+    def recording(spec):
+        threads.append(threading.current_thread().name)
+        return compile_(spec)
+
+    monkeypatch.setattr(grammar, "grammar_text", recording)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
+    answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a cat."}], n=3,
+                                            max_tokens=24, temperature=0.8, seed=3, response_format={
+                                                "type": "json_schema", "json_schema": {"name": "cat", "schema": schema}})
+    assert len(answer.choices) == 3
+    assert 1 <= len(threads) <= 3 and not any(name.startswith("specdecode-engine") for name in threads), threads
