@@ -310,7 +310,8 @@ class Engine:
         stats.time_prefill = time.perf_counter() - generation.started
         request = generation.request
         generation.tuning = self.tuner.start(generation.drafter, request.fixed_k, request.max_k, request.min_confidence,
-                                             generation.unread, len(generation.prompt_ids), stats.time_prefill)
+                                             generation.unread, len(generation.prompt_ids), stats.time_prefill,
+                                             request.namespace)
 
     def _check_live(self, live: object) -> None:
         # An engine holds one cache: a second stream started on it takes the cache over, and this one

@@ -64,14 +64,30 @@ def grammar_tokenizer(tokenizer, vocab_size: int):
     return cache[vocab_size]
 
 
+CHECKED_GRAMMARS = 64  # specs whose compiled text a tokenizer remembers (check_grammar)
+
+
 def check_grammar(spec: GrammarSpec, tokenizer, vocab_size: int) -> str:
-    """The compiled grammar text; InputError naming the problem where llguidance refuses it."""
+    """The compiled grammar text; InputError naming the problem where llguidance refuses it.
+
+    Remembered for this spec object (a tenth of a second and more for a large schema): a server checks a request's
+    grammar while it tokenizes, and the engine thread, checking it again, then finds it, as do the other choices of
+    the request (they share the object). Another request's equal spec is another object, compiled again, so that
+    no request's time tells what another one asked for."""
     import llguidance
 
+    checked = tokenizer.__dict__.setdefault("_checked_grammars", {})
+    key = (id(spec), vocab_size)
+    held = checked.get(key)
+    if held is not None and held[0] is spec:  # the spec itself is held, so its id is not another's meanwhile
+        return held[1]
     text = grammar_text(spec)
     error = llguidance.LLMatcher.validate_grammar(text, grammar_tokenizer(tokenizer, vocab_size))
     if error:
         raise InputError(f"the {spec.kind.replace('_', ' ')} cannot be used: {error.strip()}")
+    checked[key] = (spec, text)
+    for old in list(checked)[: max(0, len(checked) - CHECKED_GRAMMARS)]:  # oldest first (two threads call this)
+        checked.pop(old, None)
     return text
 
 

@@ -1,12 +1,15 @@
 """What the engine learns across steps and generations, and the choices it makes from it.
 
-`Tuner` owns everything learned: the cost of target blocks and draft passes, per drafter the
-calibration of draft confidence against acceptance, the speedup drafting reached lately and the
-draft model's cost to read a prompt. Each generation gets a `GenerationTuning` from it, which
-chooses K before a step (`choose_k`), learns from the step (`observe`) and closes the books
-(`end`). Nothing here runs a model; the engine measures and reports.
+`Tuner` owns everything learned: the cost of target blocks and draft passes and the draft model's cost to read a
+prompt (the machine's), and per namespace (`Learned`: a client's own generations) per drafter the calibration of
+draft confidence against acceptance and the speedup drafting reached lately. Each generation gets a
+`GenerationTuning` from it, which chooses K before a step (`choose_k`), learns from the step (`observe`) and closes
+the books (`end`). Nothing here runs a model; the engine measures and reports.
 """
 from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from .drafters.base import Drafter, StopRule
 from .policy import ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule, MinConfidenceRule
@@ -14,17 +17,38 @@ from .stats import GenerationStats
 from .tuning_params import DEFAULT, TuningParams
 
 
+LEARNED_NAMESPACES = 256  # namespaces whose Learned a Tuner keeps, the most recently used
+
+
+@dataclass
+class Learned:
+    """What one namespace's generations taught, kept apart from every other's: how a client's requests draft (and
+    so its usage counts: drafted, passes) must not depend on what other clients' texts taught the engine."""
+
+    # Per drafter: how often the target accepts a draft token of a given confidence (the draft model's top
+    # probability, or prompt lookup's match-length score).
+    calibrations: dict[str, ConfidenceCalibration] = field(default_factory=dict)
+    # Per drafter, the speedup its drafting steps reached in recent generations (decayed average): the prior a new
+    # generation starts from, so a pair that keeps losing starts with plain decoding.
+    drafting_speedup: dict[str, float] = field(default_factory=dict)
+
+
 class Tuner:
     def __init__(self, params: TuningParams = DEFAULT):
         self.params = params
         self.costs = CostModel(params.cost_smoothing)
-        # Per drafter: how often the target accepts a draft token of a given confidence (the draft model's
-        # top probability, or prompt lookup's match-length score).
-        self.calibrations: dict[str, ConfidenceCalibration] = {}
-        # Per drafter, the speedup its drafting steps reached in recent generations (decayed average): the
-        # prior a new generation starts from, so a pair that keeps losing starts with plain decoding.
-        self.drafting_speedup: dict[str, float] = {}
         self.draft_prefill_cost: dict[str, float] = {}  # seconds per prompt token, measured on lazy prefills
+        self._learned: OrderedDict[str | None, Learned] = OrderedDict()
+
+    def learned(self, namespace: str | None = "") -> Learned:
+        """What this namespace's generations taught (a new namespace starts from nothing; the least recently used
+        are forgotten past LEARNED_NAMESPACES)."""
+        if namespace not in self._learned:
+            self._learned[namespace] = Learned()
+            while len(self._learned) > LEARNED_NAMESPACES:
+                self._learned.popitem(last=False)
+        self._learned.move_to_end(namespace)
+        return self._learned[namespace]
 
     def needs_costs(self, drafter: Drafter | None, fixed_k: int | None, max_k: int) -> bool:
         """Whether an adaptive K must first time target blocks up to max_k + 1 tokens (and a draft pass)."""
@@ -34,16 +58,20 @@ class Tuner:
         return not self.costs.known(max_k) or (model is not None and model.name not in self.costs.draft)
 
     def start(self, drafter: Drafter | None, fixed_k: int | None, max_k: int, min_confidence: float = 0.0,
-              unread_prompt: int = 0, prompt_len: int = 0, target_prefill: float = 0.0) -> "GenerationTuning":
-        return GenerationTuning(self, drafter, fixed_k, max_k, min_confidence, unread_prompt, prompt_len, target_prefill)
+              unread_prompt: int = 0, prompt_len: int = 0, target_prefill: float = 0.0,
+              namespace: str | None = "") -> "GenerationTuning":
+        return GenerationTuning(self, drafter, fixed_k, max_k, min_confidence, unread_prompt, prompt_len, target_prefill,
+                                self.learned(namespace))
 
 
 class GenerationTuning:
     """One generation's choices. unread_prompt: prompt tokens the draft model has yet to read (lazy prefill)."""
 
     def __init__(self, tuner: Tuner, drafter: Drafter | None, fixed_k: int | None, max_k: int,
-                 min_confidence: float, unread_prompt: int, prompt_len: int, target_prefill: float):
+                 min_confidence: float, unread_prompt: int, prompt_len: int, target_prefill: float,
+                 learned: Learned | None = None):
         self.tuner = tuner
+        self.learned = learned if learned is not None else tuner.learned()  # this request's namespace's
         self.params = tuner.params
         self.costs = tuner.costs
         self.drafter = drafter
@@ -60,9 +88,9 @@ class GenerationTuning:
                                         drafts_are_free=chain_rule and not drafter.traits.reads_prompt, params=self.params)
         self.budget, self.generated = 0, 0
         self.model_steps, self.model_tokens, self.model_seconds, self.model_refusals = 0, 0.0, 0.0, 0
-        if chain_rule and self.name in tuner.drafting_speedup:
+        if chain_rule and self.name in self.learned.drafting_speedup:
             low, high = self.params.prior_speedup_range
-            self.policy.prior_speedup = min(high, max(low, tuner.drafting_speedup[self.name]))
+            self.policy.prior_speedup = min(high, max(low, self.learned.drafting_speedup[self.name]))
 
     def _stop_rule(self, chain_rule: bool, min_confidence: float) -> StopRule | None:
         if chain_rule and len(self.drafter.sources) > 1:
@@ -77,7 +105,7 @@ class GenerationTuning:
         return DraftStopRule(self.costs, source, self._calibration(source), min_confidence, self.params)
 
     def _calibration(self, source: str) -> ConfidenceCalibration:
-        calibrations = self.tuner.calibrations
+        calibrations = self.learned.calibrations
         if source not in calibrations:
             calibrations[source] = ConfidenceCalibration(self.params.calibration_bins, self.params.calibration_prior_weight)
         return calibrations[source]
@@ -208,15 +236,15 @@ class GenerationTuning:
             stats.notes.append(f"adaptive K chose plain decoding for {self.policy.plain_steps} of {stats.target_passes} steps")
 
     def _remember_speedup(self, name: str, measured: float) -> None:
-        old = self.tuner.drafting_speedup.get(name)
+        old = self.learned.drafting_speedup.get(name)
         keep = self.params.remembered_speedup_keep
-        self.tuner.drafting_speedup[name] = measured if old is None else keep * old + (1 - keep) * measured
+        self.learned.drafting_speedup[name] = measured if old is None else keep * old + (1 - keep) * measured
 
     def model_pays(self, context: list[int]) -> bool:
         """For a multi-source drafter: is drafting with its model worth it now? Not where the model's recent
         speedup was below 1 (but every `params.probe_every`-th chance still probes it), nor where reading the prompt
         into it would cost more than drafting the rest of the answer can save."""
-        prior = self.tuner.drafting_speedup.get("draft")
+        prior = self.learned.drafting_speedup.get("draft")
         if prior is not None and prior < 1.0:
             self.model_refusals += 1
             if self.model_refusals % self.params.probe_every:

@@ -299,7 +299,7 @@ def test_a_long_prompt_is_read_by_the_draft_model_only_once_the_answer_shows_it_
     assert result.stats.draft_passes > 0
     # an answer that ends before it could repay the read never pays for it
     engine.reset()
-    engine.tuner.drafting_speedup.clear()
+    engine.tuner.learned().drafting_speedup.clear()
     known_costs(engine, draft_prefill_per_token=0.0025)
     result = engine.generate(long_prompt, drafter="draft", k="auto", max_new_tokens=engine.tuner.params.answer_credit + 6)
     assert result.stats.draft_passes == 0 and engine._drafters["draft"].cache.length == 0

@@ -199,8 +199,17 @@ def text_format(body: dict) -> GrammarSpec | None:
     return GrammarSpec("json_schema", json.dumps(spec["schema"], ensure_ascii=False))
 
 
-CHAT_PARAMS = [(re.compile(r"^messages.*"), "input"), (re.compile(r"^max_completion_tokens$"), "max_output_tokens"),
-               (re.compile(r"^(tools\[\d+\])\.function\."), r"\1."), (re.compile(r"^tool_choice\.function\."), "tool_choice.")]
+CHAT_PARAMS = [(re.compile(r"^messages.*"), "input"), (re.compile(r"^max_(completion_)?tokens$"), "max_output_tokens"),
+               (re.compile(r"^(tools\[\d+\])\.function\."), r"\1."), (re.compile(r"^tool_choice\.function\."), "tool_choice."),
+               (re.compile(r"^response_format"), "text.format")]
+
+
+def as_responses_error(exc: ApiError) -> ApiError:
+    """A chat error with its param named as the Responses body names the field; wherever it was raised (parsing,
+    tokenizing, the engine's limits)."""
+    for pattern, name in CHAT_PARAMS:
+        exc.param = pattern.sub(name, exc.param) if exc.param else exc.param
+    return exc
 
 
 def chat_request(body: dict, history: list[dict]) -> tuple[GenerationRequest, list[dict]]:
@@ -221,10 +230,8 @@ def chat_request(body: dict, history: list[dict]) -> tuple[GenerationRequest, li
             "parallel_tool_calls": body.get("parallel_tool_calls"), **{name: body.get(name) for name in CHAT_EXTENSIONS}}
     try:
         gen = parse_chat({key: value for key, value in chat.items() if value is not None})
-    except ApiError as exc:  # name the Responses field
-        for pattern, name in CHAT_PARAMS:
-            exc.param = pattern.sub(name, exc.param) if exc.param else exc.param
-        raise
+    except ApiError as exc:
+        raise as_responses_error(exc) from None
     grammar = text_format(body)
     if grammar is not None:
         if gen.grammar is not None:
@@ -382,7 +389,7 @@ async def stream_events(ticket, gen: GenerationRequest, shape: ResponseShape, fi
     while True:
         kind, step = await ticket.next()
         if kind == "error":
-            error = step.body()["error"]
+            error = as_responses_error(step).body()["error"]
             yield events.event("error", code=error["code"], message=error["message"], param=error["param"])
             return
         for text in events.on_step(step):
@@ -433,7 +440,11 @@ def register_responses(app: FastAPI, host: ChatHost, store: ResponseStore | None
             finished(response)
             return response
 
-        return await host.run_generation(request, gen, key_id, answer, lambda ticket: stream_events(ticket, gen, shape, finished))
+        try:
+            return await host.run_generation(request, gen, key_id, answer,
+                                             lambda ticket: stream_events(ticket, gen, shape, finished))
+        except ApiError as exc:  # raised by the tokenizing or the engine's checks, named in chat's terms
+            raise as_responses_error(exc) from None
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(request: Request, response_id: str):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from ..batch import BatchEngine, Ticket
 from ..drafters.registry import available_drafters
 from ..errors import ChatTemplateError, InputError, SpecDecodeError, ToolsUnsupported
+from ..grammar import check_grammar
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
 from .logprobs import describe
@@ -378,13 +379,27 @@ class Scheduler:
                 if forces_call(request.tool_choice):  # in this thread, in a queue place: see compulsory_call
                     request.grammar = compulsory_call(request.tools, request.tool_choice, request.parallel_tool_calls,
                                                       tokenizer)
-                return tokenizer.encode(prompt)
-            return self.engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
+                ids = tokenizer.encode(prompt)
+            else:
+                ids = self.engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
+            self._check_grammar(request)
+            return ids
         except ToolsUnsupported as exc:
             raise ApiError(400, str(exc), param="tools", code="tools_unsupported") from None
         except InputError as exc:
             code = "chat_template_error" if isinstance(exc, ChatTemplateError) else "invalid_prompt"
             raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code=code) from None
+
+    def _check_grammar(self, request: GenerationRequest) -> None:
+        """Compile the answer's grammar here, off the engine thread (where every running stream would wait for it):
+        the engine's own check then finds it compiled (grammar.check_grammar). A 400 naming the field it came from."""
+        if request.grammar is None:
+            return
+        try:
+            check_grammar(request.grammar, self.engine.tokenizer, self.engine.target.vocab_size)
+        except InputError as exc:
+            param = "tool_choice" if request.tools and forces_call(request.tool_choice) else "response_format"
+            raise ApiError(400, str(exc), param=param, code="invalid_value") from None
 
     def _begin(self, job: Job) -> int:
         """Engine thread: check the limits and queue the request in the batch (the engine validates eagerly).

@@ -105,7 +105,7 @@ CASES = [
      body(CHAT, tools=[{"type": "function", "function": {"name": "f", "parameters": nested_schema(300)}}]),
      400, "tools[0].function.parameters"),
     ("schema integer past 64 bits", "chat/completions", body(CHAT, response_format={"type": "json_schema", "json_schema": {
-        "name": "s", "schema": {"type": "string", "maxLength": 10**20}}}), 400, None),
+        "name": "s", "schema": {"type": "string", "maxLength": 10**20}}}), 400, "response_format"),
 ]
 
 

@@ -175,3 +175,71 @@ def test_bad_bodies_beside_a_running_generation_leave_it_its_solo_tokens(client,
     victim, statuses = run_beside_victim(client, attack)
     assert max(statuses) < 500, statuses
     assert victim == victim_alone.text
+
+
+def test_a_schema_compiles_off_the_engine_thread(client, monkeypatch):
+    """The engine thread compiled a request's schema (Engine.request) for each of its choices while every running
+    stream waited: a tenth of a second and more each for a large schema, times n. It compiles now in the threads
+    that tokenize the choices (which run side by side: each may compile it), and the engine finds it compiled."""
+    import threading
+
+    from specdecode import grammar
+
+    threads, compile_ = [], grammar.grammar_text
+
+    def recording(spec):
+        threads.append(threading.current_thread().name)
+        return compile_(spec)
+
+    monkeypatch.setattr(grammar, "grammar_text", recording)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
+    answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a cat."}], n=3,
+                                            max_tokens=24, temperature=0.8, seed=3, response_format={
+                                                "type": "json_schema", "json_schema": {"name": "cat", "schema": schema}})
+    assert len(answer.choices) == 3
+    assert 1 <= len(threads) <= 3 and not any(name.startswith("specdecode-engine") for name in threads), threads
+
+
+def drafting_counts(monkeypatch, others_first: bool) -> tuple:
+    """(drafted, accepted, target passes) of one request in namespace "me" on a fresh engine with pinned costs, run
+    alone or after four other clients' requests."""
+    import random
+
+    from specdecode.batch import BatchEngine
+    from specdecode.engine import Engine
+    from testlib import as_loaded, fake_tokenizer, make_tiny_model, perturbed_copy
+
+    model = make_tiny_model(seed=0, vocab_size=256, context_length=512)
+    tokenizer = fake_tokenizer(256)
+    engine = Engine(as_loaded(model, tokenizer), as_loaded(perturbed_copy(model, 0.05, seed=1), tokenizer, "draft"),
+                    max_context=512)
+    costs = engine.tuner.costs  # pinned: only what the tuner learns from generations may differ
+    for size in range(1, 80):
+        costs.set_measured(size, 0.010 + 0.0005 * size)
+    costs.draft["draft"] = 0.004
+    monkeypatch.setattr(costs, "record_target", lambda *a, **k: None)
+    monkeypatch.setattr(costs, "record_draft", lambda *a, **k: None)
+    monkeypatch.setattr(engine, "measure_costs", lambda *a, **k: None)
+    monkeypatch.setattr(engine, "measure_batch_costs", lambda *a, **k: None)
+    rng = random.Random(3)
+    base = [rng.randrange(256) for _ in range(60)]
+    others = [[rng.randrange(256) for _ in range(40)] * 2 for _ in range(4)]
+    batch = BatchEngine(engine, max_batch=8)
+    if others_first:
+        for index, prompt in enumerate(others):
+            batch.submit(prompt, drafter="auto", max_new_tokens=48, namespace=f"other{index}")
+        batch.run()
+    mine = batch.submit(base + base[:30], drafter="auto", max_new_tokens=48, namespace="me")
+    batch.run()
+    stats = mine.result().stats
+    return stats.drafted, stats.accepted, stats.target_passes
+
+
+def test_a_clients_drafting_counts_do_not_depend_on_what_others_ran(monkeypatch):
+    """The engine-wide Tuner's calibrations and remembered speedups, learned from every client's generations, chose
+    how much a request drafted: with the costs pinned, the same request in the same namespace drafted 76 tokens on a
+    fresh engine and 58 after four other clients' requests (its usage told it about their traffic). What a
+    namespace's generations teach now stays with that namespace."""
+    alone = drafting_counts(monkeypatch, others_first=False)
+    assert alone[0] > 0, "nothing drafted: nothing compared"
+    assert drafting_counts(monkeypatch, others_first=True) == alone
