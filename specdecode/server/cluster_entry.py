@@ -5,7 +5,6 @@ beyond), and sends a request again when its replica dies before starting it.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import TYPE_CHECKING
 
@@ -15,6 +14,7 @@ from .cluster_replica import error_from
 from .metrics import ServerMetrics, merge_replica_metrics
 from .protocol import ApiError, GenerationRequest
 from .routing import PrefixRouter
+from .scheduler import RETRY_AFTER_SECONDS
 
 if TYPE_CHECKING:
     from .cluster_settings import ClusterSettings
@@ -36,7 +36,6 @@ class ClusterTicket:
         self.started = False
         self.done = False
         self.attempts = 0
-        self.born = time.monotonic()
 
     def _call(self):
         return self.backend.engines.options(stream=True).generate.remote(self.request, self.user_key, self.namespace,
@@ -71,7 +70,6 @@ class ClusterTicket:
             if kind == "error":
                 return self._end(("error", error_from(payload)))
             if payload.finished:
-                self.backend.record_service_time(time.monotonic() - self.born)
                 return self._end(("step", payload))
             return "step", payload
 
@@ -101,7 +99,6 @@ class ClusterBackend:
         self.in_flight = 0
         self.resent = 0  # requests sent again because their replica died before starting them
         self.shutting_down = False
-        self._service_time = 2.0
         self._board_cache: tuple[float, dict] = (0.0, {})
 
     async def start(self) -> None:
@@ -109,9 +106,6 @@ class ClusterBackend:
 
     async def stop(self) -> None:
         self.shutting_down = True
-
-    def record_service_time(self, seconds: float) -> None:
-        self._service_time = 0.8 * self._service_time + 0.2 * seconds
 
     async def replicas(self, max_age_s: float = 0.5) -> dict[str, dict]:
         read_at, entries = self._board_cache
@@ -125,11 +119,9 @@ class ClusterBackend:
             raise ApiError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
         ready = sum(e["ready"] for e in (await self.replicas()).values())
         capacity = max(1, ready) * (self.settings.queue_size + self.settings.max_batch)
-        if self.in_flight >= capacity:
-            waiting = self.in_flight / max(1, ready)
-            retry = max(1, min(120, math.ceil(waiting * self._service_time)))
-            raise ApiError(429, f"the server is busy: all {max(1, ready)} replicas have full queues; retry later",
-                           type="rate_limit_error", code="queue_full", headers={"Retry-After": str(retry)})
+        if self.in_flight >= capacity:  # no count in the answer: the others' load is not this client's business
+            raise ApiError(429, "the server is busy; retry later", type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         self.in_flight += 1
         return ClusterTicket(self, request, user_key, namespace)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 from collections import Counter, OrderedDict, deque
@@ -30,6 +29,9 @@ from .protocol import ApiError, GenerationRequest
 from .tools import compulsory_call, forces_call
 
 log = logging.getLogger("specdecode.server")
+
+# Seconds a refused client is told to wait (the 429's Retry-After), the same for every refusal.
+RETRY_AFTER_SECONDS = 2
 
 
 class QueueFull(Exception):
@@ -165,7 +167,6 @@ class Scheduler:
         # in neither place. Never taken by anything a signal handler calls.
         self._moving = threading.Lock()
         self.completed = 0
-        self._service_time = 2.0  # moving average of seconds per generation, for Retry-After
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ called by request handlers
@@ -220,8 +221,9 @@ class Scheduler:
             self.metrics.queue_depth.set(len(self.queue))
 
     def retry_after(self) -> int:
-        waiting = len(self.queue) + self.reserved + len(self.running)
-        return max(1, min(120, math.ceil(waiting * self._service_time / self.max_batch)))
+        """A constant: derived from how many wait or how long generations take, it would tell one client what the
+        others are doing (review turn4 #8)."""
+        return RETRY_AFTER_SECONDS
 
     def status(self) -> dict:
         return {"queue_depth": len(self.queue), "queue_size": self.queue_size, "running": len(self.running),
@@ -340,7 +342,6 @@ class Scheduler:
                 self.metrics.record_generation(step.final_stats)
                 self.metrics.record_store(self.engine.suffix_store)
                 self.metrics.request_duration.observe(now - job.arrived)
-                self._service_time = 0.8 * self._service_time + 0.2 * (now - job.started)
         if kind == "error" or (kind == "step" and message[1].finished):
             self._finish(job, message)
             if job in self.running:

@@ -8,7 +8,7 @@ import pytest
 
 from specdecode.server.metrics import ServerMetrics
 from specdecode.server.protocol import ApiError, GenerationRequest
-from specdecode.server.scheduler import FairQueue, Job, QueueFull, Scheduler
+from specdecode.server.scheduler import RETRY_AFTER_SECONDS, FairQueue, Job, QueueFull, Scheduler
 from specdecode.text import IncrementalDetokenizer
 
 
@@ -169,18 +169,22 @@ def test_shutdown_fails_queued_jobs_and_cancels_the_running_one():
     assert queued[0][0] == "error" and queued[0][1].status == 503
 
 
-def test_queue_full_is_a_429_with_retry_after():
+@pytest.mark.parametrize("queue_size", [1, 6])
+def test_queue_full_is_a_429_with_retry_after(queue_size):
+    """The Retry-After is the same however many wait and however long their generations took: derived from them, it
+    would be a count of other clients' work."""
     async def scenario():
-        scheduler = Scheduler(tiny_engine(), "none", 1, ServerMetrics("fake"), max_batch=1)
-        scheduler.submit(Job(request(), user_key="a"))  # the batch's free place (no worker took it yet) ...
-        scheduler.submit(Job(request(), user_key="b"))  # ... and the queue's one
+        scheduler = Scheduler(tiny_engine(), "none", queue_size, ServerMetrics("fake"), max_batch=1)
+        for index in range(queue_size + 1):  # the batch's free place (no worker took it yet), then the queue's
+            scheduler.submit(Job(request(), user_key=f"client {index}"))
         with pytest.raises(ApiError) as err:
-            scheduler.submit(Job(request(), user_key="c"))
+            scheduler.submit(Job(request(), user_key="late"))
         scheduler.close()
         return err.value
 
     error = asyncio.run(scenario())
-    assert error.status == 429 and error.code == "queue_full" and int(error.headers["Retry-After"]) >= 1
+    assert error.status == 429 and error.code == "queue_full"
+    assert error.headers["Retry-After"] == str(RETRY_AFTER_SECONDS) and not any(c.isdigit() for c in error.message)
 
 
 def test_warmup_measures_every_offered_drafter_before_the_first_request():
