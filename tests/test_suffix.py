@@ -45,6 +45,23 @@ def test_the_store_stays_under_its_cap_evicting_the_oldest():
     assert store.tokens == 100
 
 
+def test_another_clients_traffic_pushes_out_its_own_text_not_a_smaller_clients():
+    """Past the cap the namespace holding the most gives up its oldest sequence: b's volume cannot evict a's text
+    (which would tell a, through its repeats' drafting, how much b sent). Fails where the oldest overall goes."""
+    store = SuffixStore(max_tokens=100)
+    store.add("a", list(range(30)))
+    for i in range(20):
+        store.add("b", [10_000 + 100 * i + j for j in range(30)])
+        assert store.tokens <= 100
+    assert store.best_match("a", [0, 1, 2], max_match=32) is not None
+    assert store.best_match("b", [10_000, 10_001, 10_002], max_match=32) is None  # b's own oldest went
+    assert store.best_match("b", [11_900, 11_901, 11_902], max_match=32) is not None
+    store.add("a", list(range(500, 540)))  # now a would hold the most: its own oldest goes, b keeps what it had
+    assert store.best_match("a", [0, 1, 2], max_match=32) is None
+    assert store.best_match("b", [11_900, 11_901, 11_902], max_match=32) is not None
+    assert store.tokens <= 100
+
+
 def test_the_drafter_copies_from_the_store_or_the_context_whichever_matches_further():
     store = SuffixStore()
     store.add("a", [10, 11, 12, 13, 14, 15, 16])

@@ -5,11 +5,13 @@ context's last tokens, as SuffixDecoding does across requests: agents, retries a
 questions restate what an earlier answer said. Each sequence belongs to a namespace (in the server,
 one client's key and user), and a lookup sees only its own namespace: one client's text is never
 proposed for another's request, so the speed of a request says nothing about other clients' text.
-The store holds at most `max_tokens` tokens; the least recently added or matched sequence goes first.
+The store holds at most `max_tokens` tokens. Past that, the namespace holding the most gives up its least recently
+added or matched sequence: a client's traffic pushes out its own text first, so how long one client's text stays
+(and so how fast its repeats draft) does not tell it how much the others sent unless it is itself the largest.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -32,6 +34,7 @@ class SuffixStore:
         self.max_tokens = max_tokens
         self.max_candidates = max_candidates
         self.tokens = 0  # tokens held, over every namespace
+        self._held: Counter[str] = Counter()  # tokens held per namespace
         self._docs: OrderedDict[int, tuple[str, list[int]]] = OrderedDict()  # oldest first
         self._latest: dict[str, int] = {}  # namespace -> its most recently added sequence
         # (namespace, n-gram) -> {sequence id: end positions of that n-gram in it}
@@ -56,19 +59,30 @@ class SuffixStore:
                 self._docs.move_to_end(latest)
                 return
         while self._docs and self.tokens + len(tokens) > self.max_tokens:
-            self._evict(next(iter(self._docs)))
+            self._evict(self._oldest_of_largest(namespace, len(tokens)))
         doc_id = self._next_id
         self._next_id += 1
         self._docs[doc_id] = (namespace, tokens)
         self._latest[namespace] = doc_id
         self.tokens += len(tokens)
+        self._held[namespace] += len(tokens)
         for end in range(STORE_NGRAM - 1, len(tokens)):
             key = (namespace, *tokens[end - STORE_NGRAM + 1 : end + 1])
             self._index.setdefault(key, {}).setdefault(doc_id, []).append(end)
 
+    def _oldest_of_largest(self, adding: str, incoming: int) -> int:
+        """The sequence to evict: the least recent one of the namespace that would hold the most (the one adding
+        counted with what it adds)."""
+        holding = {namespace for namespace, _ in self._docs.values()}
+        largest = max(holding, key=lambda ns: self._held[ns] + (incoming if ns == adding else 0))
+        return next(doc_id for doc_id, (namespace, _) in self._docs.items() if namespace == largest)
+
     def _evict(self, doc_id: int) -> None:
         namespace, tokens = self._docs.pop(doc_id)
         self.tokens -= len(tokens)
+        self._held[namespace] -= len(tokens)
+        if not self._held[namespace]:
+            del self._held[namespace]
         for end in range(STORE_NGRAM - 1, len(tokens)):
             key = (namespace, *tokens[end - STORE_NGRAM + 1 : end + 1])
             holders = self._index.get(key)
