@@ -163,7 +163,7 @@ class ExactPass:
 
     def _attention(self, layer, index: int, h: torch.Tensor, meta: torch.Tensor, pool: KVPool) -> torch.Tensor:
         """QKV product, q/k norms, rotary embedding, cache writes and attention of every row: [rows, H * D]."""
-        model, c, t = self.model, self.model.config, self.tiles
+        c = self.model.config
         rows = h.shape[0]
         part, splits = self.product(h, layer.qkv)
         cos, sin = self._rope_tables(layer)
