@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--categories", default=None, help="comma-separated categories (specbench, short)")
     b.add_argument("--drafters", default=None, help="comma-separated methods: ar,draft,lookup,auto,... (default: ar + the --draft one); "
                    "DRAFTER:nostore runs that drafter without the cross-request store (e.g. auto:nostore)")
-    b.add_argument("--bench-dir", default=None, help="folder with humaneval.jsonl / specbench.jsonl")
+    b.add_argument("--bench-dir", default=None, help="folder with humaneval.jsonl / specbench.jsonl (default: the sets shipped in specdecode/data/bench)")
     b.add_argument("--repeats", type=int, default=1,
                    help="time each prompt this many times per method and keep the median (the faster of two):"
                         " per-prompt ratios of short answers need it")

@@ -32,6 +32,20 @@ def test_suites_load_with_limits_and_categories(bench_dir):
         load_suite("specbench", bench_dir, 1, ["poetry"])
 
 
+def test_the_prompt_sets_come_with_the_package(monkeypatch, tmp_path):
+    """A fresh clone reruns every figure: the shipped HumanEval and Spec-Bench are found with no flag, whole; a named
+    folder without them is one clear error."""
+    from specdecode.bench.prompts import SHIPPED, find_bench_dir
+
+    monkeypatch.delenv("SPECDECODE_BENCH_DIR", raising=False)
+    assert find_bench_dir() == SHIPPED
+    assert len(load_suite("humaneval", SHIPPED, None)) == 164
+    specbench = load_suite("specbench", SHIPPED, None)
+    assert len(specbench) == 480 and len({p.category for p in specbench}) == 13
+    with pytest.raises(InputError, match="holds no humaneval.jsonl"):
+        find_bench_dir(str(tmp_path))
+
+
 def test_the_short_suite_needs_no_files_and_takes_limits_per_style(tmp_path):
     short = load_suite("short", tmp_path, 2)
     assert [p.id for p in short[:2]] == ["chat-1", "chat-2"]

@@ -1,5 +1,5 @@
-"""Public prompt sets: HumanEval and Spec-Bench, read from ../shared/bench (or --bench-dir), copy-heavy
-workloads built from HumanEval (copy_suites.py), and short everyday answers of our own (short_suite.py)."""
+"""Public prompt sets: HumanEval and Spec-Bench, shipped in specdecode/data/bench (or read from --bench-dir),
+copy-heavy workloads built from HumanEval (copy_suites.py), and short everyday answers of our own (short_suite.py)."""
 from __future__ import annotations
 
 import json
@@ -14,14 +14,18 @@ SUITE_FILES = {"humaneval": "humaneval.jsonl", "specbench": "specbench.jsonl", "
 SUITES = tuple(SUITE_FILES)
 
 
+# The prompt sets as shipped (their provenance and licences: README.md beside them)
+SHIPPED = Path(__file__).resolve().parents[1] / "data" / "bench"
+
+
 def find_bench_dir(explicit: str | None = None) -> Path:
-    candidates = [explicit, os.environ.get("SPECDECODE_BENCH_DIR")]
-    here = Path(__file__).resolve()
-    candidates += [str(Path.cwd() / ".." / "shared" / "bench"), str(here.parents[3] / "shared" / "bench")]
-    for candidate in candidates:
-        if candidate and (Path(candidate) / SUITE_FILES["humaneval"]).is_file():
+    """--bench-dir, else SPECDECODE_BENCH_DIR, else the shipped sets."""
+    for candidate in (explicit, os.environ.get("SPECDECODE_BENCH_DIR")):
+        if candidate:
+            if not (Path(candidate) / SUITE_FILES["humaneval"]).is_file():
+                raise InputError(f"{candidate} holds no {SUITE_FILES['humaneval']} (the prompt sets' folder)")
             return Path(candidate)
-    raise InputError("cannot find the prompt sets: pass --bench-dir or set SPECDECODE_BENCH_DIR")
+    return SHIPPED
 
 
 def humaneval_turn(problem: dict) -> str:
