@@ -81,6 +81,7 @@ class ExactPass:
         self.pools: dict[int, KVPool] = {}
         self._captured: dict = {}
         self._memory = None  # one memory pool for every captured pass: they replay one at a time
+        self._head_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # (output weight, its copy in act_dtype)
         # The largest prompt chunk an engine feeds one pass: the partial sums of the splits and of the attention
         # segments grow with the rows.
         self.max_rows = 128
@@ -251,8 +252,7 @@ class ExactPass:
 
     def _head_copy(self, weight: torch.Tensor) -> torch.Tensor:
         """The output weight in the matrices' dtype (a float32 embedding tied to the head), made once."""
-        cached = getattr(self, "_head_cache", None)
-        if cached is None or cached[0] is not weight:
+        if self._head_cache is None or self._head_cache[0] is not weight:
             self._head_cache = (weight, weight.to(self.act_dtype).contiguous())
         return self._head_cache[1]
 

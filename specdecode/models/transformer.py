@@ -388,8 +388,6 @@ class Transformer(nn.Module):
         return [out[id(seg)] for seg in segments]
 
     def _forward_group(self, segments: list[Segment]) -> list[torch.Tensor | None]:
-        if self.exact_pass is not None:
-            return self._exact_group(segments)
         if len(segments) == 1 and segments[0].rows > self.batch_rows:
             return [self._forward_segment(segments[0])]
         spans, positions = [], []
