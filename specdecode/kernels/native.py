@@ -1,7 +1,8 @@
 """Compiling and loading the native CPU kernels (one PyTorch C++ extension), once per machine.
 
-The extension is built on first use into a folder keyed by the sources' content, the flags and the
-torch version, under a file lock that dies with its process. Without a compiler or AVX2/FMA the
+The extension is built by the first process that needs it into a folder keyed by what the library depends on
+(sources, flags, torch and Python versions), under a file lock that dies with its process; every later process on
+the machine imports that library without running a compiler or ninja. Without a compiler or AVX2/FMA the
 kernels are unavailable and every product falls back to torch (same outputs per path, slower).
 """
 from __future__ import annotations
@@ -9,8 +10,12 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import importlib.util
+import json
+import platform
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -20,6 +25,8 @@ from . import options
 _lock = threading.Lock()
 _kernel = None  # the loaded extension module; None until loaded, or where unavailable
 _kernel_failed: str | None = None
+KERNEL_MODULE = "specdecode_skinny_linear"
+BUILT_MARK = "built.json"  # written after a build finishes: what was built, and how long it took
 
 
 def _cpu_flags() -> set[str]:
@@ -70,22 +77,81 @@ def kernel_cflags() -> list[str]:
     return KERNEL_CFLAGS + (GCC_HEAP_FLAGS if _compiler_is_gcc() else []) + isa_build_flags()
 
 
-def kernel_build_dir() -> Path:
-    """One build folder per checkout and content of the sources, header, flags and torch version.
+def _build_identity() -> bytes:
+    """Everything the compiled library depends on: the sources' and headers' content, the flags, the torch version
+    and the Python ABI (the library links against both). Not the checkout's path, the venv's path, the files'
+    times or GCC's memory settings (same objects): two clones of the same sources, or a venv made again, use one
+    build, and finding it runs no compiler."""
+    parts = [*KERNEL_CFLAGS, *isa_build_flags(), torch.__version__, sys.implementation.cache_tag, platform.machine()]
+    digest = hashlib.sha256("\n".join(parts).encode())
+    for path in [*KERNEL_SOURCES, *KERNEL_HEADERS]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest().encode()
 
-    PyTorch rebuilds when a source, its path or a flag changes (not a header): two checkouts sharing one
-    folder would rebuild over each other's library, possibly while the other process loads it.
-    """
+
+def kernel_build_dir() -> Path:
+    """One build folder per machine and build identity (_build_identity), under the cache folder."""
     from ..registry import cache_dir
 
-    digest = hashlib.sha256(" ".join(kernel_cflags() + [torch.__version__, str(_HERE)]).encode())
-    for path in [*KERNEL_SOURCES, *KERNEL_HEADERS]:
-        digest.update(path.read_bytes())
-    return cache_dir() / "kernels" / digest.hexdigest()[:16]
+    return cache_dir() / "kernels" / _build_identity().decode()[:16]
+
+
+def _import_built(build_dir: Path):
+    """The library a finished build left in build_dir, imported as is: no compiler and no ninja run. None where
+    no build there has finished (its mark is written last, after the library)."""
+    mark, library = build_dir / BUILT_MARK, build_dir / f"{KERNEL_MODULE}.so"
+    if not (mark.is_file() and library.is_file()):
+        return None
+    try:
+        if json.loads(mark.read_text()).get("identity") != _build_identity().decode():
+            return None
+        spec = importlib.util.spec_from_file_location(KERNEL_MODULE, library)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except (OSError, ValueError, ImportError) as exc:  # a damaged folder is built again, not trusted
+        print(f"specdecode: the compiled kernel in {build_dir} does not load ({exc}); building it again", file=sys.stderr)
+        mark.unlink(missing_ok=True)
+        return None
+
+
+def _build(build_dir: Path):
+    """Compile the extension into build_dir (the caller holds the folder's flock) and mark the build finished.
+
+    PyTorch's loader runs ninja, which decides what to rebuild from command lines (a compiler wrapper such as
+    ccache found on PATH changes them) and file times (a venv made again holds newer torch headers): either made
+    a second process compile everything again. So only the first build goes through it; later processes import
+    the finished library (_import_built)."""
+    from torch.utils.cpp_extension import load
+
+    print("specdecode: compiling the CPU kernels for this CPU (once per machine, about a minute on two cores) ...", file=sys.stderr)
+    started = time.perf_counter()
+    # PyTorch's own build lock is a plain file: a build killed mid-way (SIGTERM, SIGKILL) leaves it behind and
+    # every later load waits on it forever. Under our flock no other build of ours runs, so a leftover goes.
+    (build_dir / "lock").unlink(missing_ok=True)
+    module = load(name=KERNEL_MODULE, sources=[str(path) for path in KERNEL_SOURCES], extra_cflags=kernel_cflags(),
+                  extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=False)
+    record = {"identity": _build_identity().decode(), "seconds": round(time.perf_counter() - started, 1)}
+    partial = build_dir / f"{BUILT_MARK}.partial"
+    partial.write_text(json.dumps(record))
+    partial.replace(build_dir / BUILT_MARK)  # atomic: a reader sees no mark or a whole one
+    return module
+
+
+def _load_or_build():
+    build_dir = kernel_build_dir()
+    module = _import_built(build_dir)
+    if module is not None:
+        return module
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "build.flock", "w") as guard:  # an flock dies with its process
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        return _import_built(build_dir) or _build(build_dir)  # another process may have finished it meanwhile
 
 
 def load_kernel():
-    """Compile (once, cached on disk by PyTorch) and return the extension, or None with a reason kept."""
+    """The extension, compiled the first time any process on this machine asks (cached on disk), or None with a
+    reason kept."""
     global _kernel, _kernel_failed
     if _kernel is not None or _kernel_failed is not None:
         return _kernel
@@ -99,26 +165,7 @@ def load_kernel():
             _kernel_failed = "CPU lacks AVX2/FMA"
             return None
         try:
-            from torch.utils.cpp_extension import load
-
-            build_dir = kernel_build_dir()
-            build_dir.mkdir(parents=True, exist_ok=True)
-            if not list(build_dir.glob("specdecode_skinny_linear*.so")):
-                print("specdecode: compiling the CPU kernels for this CPU (first use only, about a minute on two cores) ...", file=sys.stderr)
-            # PyTorch's own build lock is a plain file: a build killed mid-way (SIGTERM, SIGKILL) leaves it
-            # behind and every later load waits on it forever. An flock dies with its process, so whoever holds
-            # it knows no other build of ours is running and removes a leftover file first.
-            with open(build_dir / "build.flock", "w") as guard:
-                fcntl.flock(guard, fcntl.LOCK_EX)
-                (build_dir / "lock").unlink(missing_ok=True)
-                _kernel = load(
-                    name="specdecode_skinny_linear",
-                    sources=[str(path) for path in KERNEL_SOURCES],
-                    extra_cflags=kernel_cflags(),
-                    extra_ldflags=["-fopenmp"],
-                    build_directory=str(build_dir),
-                    verbose=False,
-                )
+            _kernel = _load_or_build()
         except Exception as exc:  # a missing compiler must not stop inference, only slow it
             _kernel_failed = f"{type(exc).__name__}: {exc}"
             print(f"specdecode: CPU kernel unavailable, using torch matmul ({_kernel_failed})", file=sys.stderr)

@@ -153,6 +153,11 @@ def test_health_counts_the_ready_replicas(cluster):
     assert public["replicas_ready"] == 2 and "replica_states" not in public and "in_flight" not in public
 
 
+def test_the_replicas_import_the_kernel_this_machine_built(served):
+    """The test session built (or found) the kernel before the cluster started: no replica compiles it again."""
+    assert "compiling the CPU kernels" not in served.log(), served.log()[-3000:]
+
+
 def test_greedy_text_equals_the_one_process_server(openai_client, client):
     prompts = ["def fibonacci(n):", "The capital of France is", "1, 2, 3, 4,"]
     for prompt in prompts:
