@@ -295,10 +295,11 @@ class Engine:
             # drops state from another sequence; keeps a shared prefix
             drafter.begin(generation.prompt_ids[:-1], request.namespace)
         if self.tuner.needs_costs(drafter, request.fixed_k, request.max_k):
-            t0 = time.perf_counter()
+            t0, timed = time.perf_counter(), pass_timings.measurements
             self.measure_costs(request.max_k, drafter)
-            stats.notes.append(f"measured target/draft costs for the adaptive K once ({time.perf_counter() - t0:.1f}s,"
-                               " not in the timings)")
+            if pass_timings.measurements != timed:  # not when this machine's timings were read from the cache folder
+                stats.notes.append(f"measured target/draft costs for the adaptive K once ({time.perf_counter() - t0:.1f}s,"
+                                   " not in the timings; kept for later processes on this machine)")
         generation.started = time.perf_counter()
         # The draft model reads the prompt lazily, on its first proposal: a generation that never drafts
         # never pays for it. Nothing touches its cache before then, so what it lacks is fixed now.

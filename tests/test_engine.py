@@ -367,3 +367,31 @@ def test_engines_over_the_same_models_time_each_pass_once_per_thread_count(pair,
     finally:
         torch.set_num_threads(threads)
     assert len(timings) == 2 * (len(first[0]) + 1) + 1
+
+
+def test_a_later_process_on_this_machine_reads_the_timings_instead_of_timing_again(pair, monkeypatch, tmp_path):
+    """A model loaded from files keeps its timings in the cache folder, per machine: a new model object from the
+    same files (a new process) times nothing; other files, or another machine, time anew."""
+    from specdecode import pass_timings
+
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    timings = []
+    real_fastest = pass_timings.fastest
+    monkeypatch.setattr(pass_timings, "fastest", lambda run, repeats: timings.append(1) or real_fastest(run, repeats))
+
+    def measured(files: str) -> tuple[dict, dict]:
+        target, draft = make_tiny_model(seed=35), make_tiny_model(seed=36)  # as a new process loads them
+        pass_timings.keep_on_disk(target, f"target {files}")
+        pass_timings.keep_on_disk(draft, f"draft {files}")
+        engine = Engine(as_loaded(target, name="target"), as_loaded(draft, name="draft"), max_context=64)
+        engine.measure_costs(4, engine.drafter("draft"))
+        return engine.tuner.costs.target, engine.tuner.costs.draft
+
+    first = measured("v1")
+    assert len(timings) == len(first[0]) + 1 and len(list((tmp_path / "timings").glob("*.json"))) == 2
+    assert measured("v1") == first and len(timings) == len(first[0]) + 1  # read, not timed
+    measured("v2")
+    assert len(timings) == 2 * (len(first[0]) + 1)
+    monkeypatch.setattr(pass_timings, "machine_identity", lambda: "another machine")
+    measured("v1")
+    assert len(timings) == 3 * (len(first[0]) + 1)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .. import cachefiles, kernels, registry
+from .. import cachefiles, kernels, pass_timings, registry
 from ..errors import ModelError, UnsupportedDtype
 from ..tokenizer import Tokenizer
 from .config import ModelConfig, architecture_of_hf
@@ -368,7 +368,15 @@ def load_model(
     else:
         raise ModelError(f"model path not found: {path}")
     stored = "int8" if dtype in QUANTIZED else dtype  # q8_0 is int8 arithmetic; `requantized` says what differs
+    pass_timings.keep_on_disk(model, f"{files_identity(path)}\n{dtype} {device} {used_backend}")
     return LoadedModel(name, path, model, tokenizer, used_backend, stored, time.perf_counter() - started, blocks, requantized)
+
+
+def files_identity(path: Path) -> str:
+    """A model file, or a folder's files, by resolved path, size and modification time: any change reads anew."""
+    resolved = path.resolve()
+    files = sorted(resolved.iterdir()) if resolved.is_dir() else [resolved]
+    return "\n".join(f"{f} {f.stat().st_size} {f.stat().st_mtime_ns}" for f in files if f.is_file())
 
 
 def _load_gguf_native(path: Path, folder: Path, device, dtype: str, max_context):
