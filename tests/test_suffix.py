@@ -1,7 +1,8 @@
 """SuffixStore and the suffix drafter: matches across requests, namespaces kept apart, memory capped."""
 from specdecode.drafters.base import StopRule
 from specdecode.drafters.suffix import SuffixDrafter
-from specdecode.drafters.suffix_store import SuffixStore
+from specdecode.drafters.suffix_store import SuffixStore, owner_of
+from specdecode.server.http_parts import request_namespace
 from specdecode.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -60,6 +61,27 @@ def test_another_clients_traffic_pushes_out_its_own_text_not_a_smaller_clients()
     assert store.best_match("a", [0, 1, 2], max_match=32) is None
     assert store.best_match("b", [11_900, 11_901, 11_902], max_match=32) is not None
     assert store.tokens <= 100
+
+
+def test_namespaces_a_client_mints_share_one_owners_holding():
+    """A client that sends each request under a new namespace (a new `user` or bearer token) holds little in each:
+    were each its own holder, the victim would hold the most and lose its text to the flood. One owner ("lane/")
+    counts them together, so the flood evicts its own. Fails where each namespace is its own owner."""
+    store = SuffixStore(max_tokens=100)
+    store.add("victim/x", list(range(40)))
+    for i in range(20):
+        store.add(f"flood/{i}", [10_000 + 100 * i + j for j in range(30)])
+        assert store.tokens <= 100
+    assert store.best_match("victim/x", [0, 1, 2], max_match=32) is not None
+    assert store.best_match("flood/0", [10_000, 10_001, 10_002], max_match=32) is None
+    assert store.best_match("flood/19", [11_900, 11_901, 11_902], max_match=32) is not None
+
+
+def test_the_server_namespaces_name_their_lane_as_owner():
+    same_lane = {request_namespace("key", "10.0.0.1", user, token) for user, token in [("", ""), ("u", ""), ("", "Bearer t")]}
+    assert len(same_lane) == 3 and len({owner_of(ns) for ns in same_lane}) == 1
+    assert owner_of(request_namespace("key", "10.0.0.2", "", "")) not in {owner_of(ns) for ns in same_lane}
+    assert owner_of(request_namespace("other", "10.0.0.1", "", "")) not in {owner_of(ns) for ns in same_lane}
 
 
 def test_the_drafter_copies_from_the_store_or_the_context_whichever_matches_further():

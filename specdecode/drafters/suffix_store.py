@@ -5,9 +5,12 @@ context's last tokens, as SuffixDecoding does across requests: agents, retries a
 questions restate what an earlier answer said. Each sequence belongs to a namespace (in the server,
 one client's key and user), and a lookup sees only its own namespace: one client's text is never
 proposed for another's request, so the speed of a request says nothing about other clients' text.
-The store holds at most `max_tokens` tokens. Past that, the namespace holding the most gives up its least recently
+The store holds at most `max_tokens` tokens. Past that, the owner holding the most gives up its least recently
 added or matched sequence: a client's traffic pushes out its own text first, so how long one client's text stays
-(and so how fast its repeats draft) does not tell it how much the others sent unless it is itself the largest.
+(and so how fast its repeats draft) does not tell it how much the others sent unless it is itself the largest. The
+owner of a namespace "owner/name" is its part before the slash (the server's namespaces name the client's fair-queue
+lane there: key id and peer address), so the namespaces a client mints with `user` fields or bearer tokens share one
+owner's holding instead of each counting as a small holder; a namespace without a slash is its own owner.
 """
 from __future__ import annotations
 
@@ -18,6 +21,11 @@ from ..errors import InputError
 
 # Length of the n-grams the store indexes: a match starts from the context's last STORE_NGRAM tokens.
 STORE_NGRAM = 3
+
+
+def owner_of(namespace: str) -> str:
+    """Whose share of the store a namespace's text counts against: its part before the first slash."""
+    return namespace.partition("/")[0]
 
 
 @dataclass(frozen=True)
@@ -34,7 +42,7 @@ class SuffixStore:
         self.max_tokens = max_tokens
         self.max_candidates = max_candidates
         self.tokens = 0  # tokens held, over every namespace
-        self._held: Counter[str] = Counter()  # tokens held per namespace
+        self._held: Counter[str] = Counter()  # tokens held per owner (owner_of)
         self._docs: OrderedDict[int, tuple[str, list[int]]] = OrderedDict()  # oldest first
         self._latest: dict[str, int] = {}  # namespace -> its most recently added sequence
         # (namespace, n-gram) -> {sequence id: end positions of that n-gram in it}
@@ -65,24 +73,25 @@ class SuffixStore:
         self._docs[doc_id] = (namespace, tokens)
         self._latest[namespace] = doc_id
         self.tokens += len(tokens)
-        self._held[namespace] += len(tokens)
+        self._held[owner_of(namespace)] += len(tokens)
         for end in range(STORE_NGRAM - 1, len(tokens)):
             key = (namespace, *tokens[end - STORE_NGRAM + 1 : end + 1])
             self._index.setdefault(key, {}).setdefault(doc_id, []).append(end)
 
     def _oldest_of_largest(self, adding: str, incoming: int) -> int:
-        """The sequence to evict: the least recent one of the namespace that would hold the most (the one adding
-        counted with what it adds)."""
-        holding = {namespace for namespace, _ in self._docs.values()}
-        largest = max(holding, key=lambda ns: self._held[ns] + (incoming if ns == adding else 0))
-        return next(doc_id for doc_id, (namespace, _) in self._docs.items() if namespace == largest)
+        """The sequence to evict: the least recent one of the owner that would hold the most (the one adding
+        counted with what it adds, and first on a tie)."""
+        mine = owner_of(adding)
+        largest = max(self._held, key=lambda owner: (self._held[owner] + (incoming if owner == mine else 0), owner == mine))
+        return next(doc_id for doc_id, (namespace, _) in self._docs.items() if owner_of(namespace) == largest)
 
     def _evict(self, doc_id: int) -> None:
         namespace, tokens = self._docs.pop(doc_id)
         self.tokens -= len(tokens)
-        self._held[namespace] -= len(tokens)
-        if not self._held[namespace]:
-            del self._held[namespace]
+        owner = owner_of(namespace)
+        self._held[owner] -= len(tokens)
+        if not self._held[owner]:
+            del self._held[owner]
         for end in range(STORE_NGRAM - 1, len(tokens)):
             key = (namespace, *tokens[end - STORE_NGRAM + 1 : end + 1])
             holders = self._index.get(key)

@@ -28,9 +28,14 @@ def queue_lane(key_id: str, client: str) -> str:
 def request_namespace(key_id: str, client: str, user: str | None, presented: str = "") -> str:
     """Whose text a request is: its lane (key id and peer address), then, within it, the `user` field and on a
     server without keys the bearer token shown (a client's own secret). Text remembered from one namespace is
-    never drafted for another, nor a cached prefix reused."""
-    identity = json.dumps([key_id, client, user or "", presented], ensure_ascii=False)
-    return hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    never drafted for another, nor a cached prefix reused. Written "lane/namespace" (two digests): the stores that
+    hold a client's text (the suffix store) count every namespace of one lane as one owner, so minting tokens or
+    `user` values buys no larger share."""
+    def digest(*parts: str, length: int) -> str:
+        text = json.dumps(parts, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        return hashlib.sha256(text).hexdigest()[:length]
+
+    return f"{digest(key_id, client, length=16)}/{digest(key_id, client, user or '', presented, length=24)}"
 
 
 def peer_address(request: Request) -> str:
