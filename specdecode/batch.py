@@ -19,6 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
+import torch
+
 from .batch_draft import draft_together
 from .batch_plan import trim_drafts
 from .drafters.base import Drafter
@@ -194,11 +196,12 @@ class BatchEngine:
         if not reads:
             self.engine.tuner.costs.record_target(rows, seconds)
         solo = len(segments) == 1
-        for ticket, seg, out, start in zip(planned, segments, logits, starts):
+        choices = argmax_together([t.generation for t in planned], logits)
+        for ticket, seg, out, start, choice in zip(planned, segments, logits, starts, choices):
             # Each request's share of the pass, by its rows: what its verify time is taken to be (its tuning
             # judges drafting by it; the pass's cost by its total rows is recorded above).
             share = seconds if solo else seconds * seg.rows / rows
-            self._apply(ticket, out, start, share, solo)
+            self._apply(ticket, out, start, share, solo, choice)
         for ticket, chunk in reads:
             ticket.generation.read(chunk)
             if not ticket.pending:
@@ -233,11 +236,11 @@ class BatchEngine:
             self._emit(ticket, generation.end_now("length"))
         return proposal
 
-    def _apply(self, ticket: Ticket, logits, start: int, seconds: float, solo: bool) -> None:
+    def _apply(self, ticket: Ticket, logits, start: int, seconds: float, solo: bool, choice=None) -> None:
         """The request's verdict on its own rows. A failure there (something its own settings met) ends that request
         only: the other requests' rows were computed apart, and their verdicts are theirs."""
         try:
-            self._emit(ticket, ticket.generation.apply(logits, start, seconds, solo=solo))
+            self._emit(ticket, ticket.generation.apply(logits, start, seconds, solo=solo, choice=choice))
         except Exception as exc:
             ticket.error = exc
             ticket.slot.forget()  # its cache may hold rows of a verdict never reached
@@ -344,3 +347,19 @@ class BatchEngine:
             ticket.pending, ticket.donor = prompt[ticket.shared :], None
             if not ticket.pending:
                 self.engine.prefilled(ticket.generation)
+
+
+def argmax_together(generations: list, logits: list) -> list:
+    """Per generation, its rows' argmaxes where its verdict reads nothing else (judges_by_argmax), else None; all
+    of them read back to the host at once. On a GPU each read is a sync that waits for the device to drain: one
+    per pass instead of one per request. An argmax takes no arithmetic, so a row's choice is the same bits either
+    way."""
+    wanted = [i for i, (generation, out) in enumerate(zip(generations, logits))
+              if out is not None and generation.judges_by_argmax]
+    choices: list = [None] * len(generations)
+    if len(wanted) < 2:
+        return choices  # alone, a request reads its own argmaxes as Engine.stream does
+    picked, start = torch.cat([logits[i].argmax(dim=-1) for i in wanted]).tolist(), 0
+    for i in wanted:
+        choices[i], start = picked[start : start + logits[i].shape[0]], start + logits[i].shape[0]
+    return choices

@@ -106,15 +106,20 @@ class Generation:
     def segment(self):
         return block_segment(self.slot.cache, self.sequence, self.draft)
 
-    def apply(self, logits, start: int, verify_seconds: float, solo: bool) -> StreamEvent:
+    def apply(self, logits, start: int, verify_seconds: float, solo: bool, choice: list[int] | None = None) -> StreamEvent:
         """The target's logits of this request's block (written to its cache at `start`): judge, roll back,
-        learn, and hand out the step's text. solo: the pass held this block only (its cost is the block's)."""
+        learn, and hand out the step's text. solo: the pass held this block only (its cost is the block's).
+        choice: the rows' argmaxes where the pass read them already (judges_by_argmax)."""
         judged = judge_block(logits, self.slot.cache, start, self.sequence, self.draft, self.sampling, self.noise,
-                             self.controls)
+                             self.controls, choice)
         step = finish_step(self.drafter, self.sequence, judged, self.draft, self.draft_seconds, verify_seconds,
                            self.controls)
         self.acceptance_record.judged(len(judged.accepted))
         return self._after(step, solo)
+
+    @property
+    def judges_by_argmax(self) -> bool:
+        return steps.judges_by_argmax(self.draft, self.sampling, self.controls)
 
     def step_alone(self, target) -> StreamEvent:
         """One step in a pass of its own (plain single-request decoding and speculation)."""

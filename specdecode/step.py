@@ -125,12 +125,19 @@ def verify_block(target, cache: KVCache, sequence: list[int], draft: Draft, samp
     return judge_block(logits, cache, start, sequence, draft, sampling, noise, controls)
 
 
+def judges_by_argmax(draft: Draft, sampling: SamplingParams, controls: RowControls | None) -> bool:
+    """Whether judge_block reads only each row's argmax of the raw logits (greedy, nothing shaping the rows)."""
+    return draft.is_tree or (sampling.greedy and not (controls is not None and controls.spec.shapes_rows))
+
+
 def judge_block(logits: torch.Tensor, cache: KVCache, start: int, sequence: list[int], draft: Draft,
-                sampling: SamplingParams, noise: PositionNoise, controls: RowControls | None = None) -> Judged:
+                sampling: SamplingParams, noise: PositionNoise, controls: RowControls | None = None,
+                choice: list[int] | None = None) -> Judged:
     """From the target's logits of a block (written to the cache at `start`): the accepted draft tokens and
-    the target's next token; the cache is rolled back to the accepted path."""
+    the target's next token; the cache is rolled back to the accepted path. choice: the rows' argmaxes, read
+    already (only where judges_by_argmax)."""
     if draft.is_tree:  # (Engine.request refuses trees where controls shape the rows)
-        path, next_token = verify_tree_greedy(logits, draft.tokens, draft.parents)
+        path, next_token = verify_tree_greedy(logits, draft.tokens, draft.parents, choice)
         cache.compact(start, [0] + path)  # keep the keys/values of the accepted branch, in order
         block = [sequence[-1]] + draft.tokens
         accepted = [block[i] for i in path]
@@ -139,7 +146,7 @@ def judge_block(logits: torch.Tensor, cache: KVCache, start: int, sequence: list
     if controls is not None and controls.spec.shapes_rows:
         verdict = verify_chain(logits, draft.tokens, controls, sampling, noise, position=len(sequence))
     elif sampling.greedy:
-        verdict = verify_greedy(logits, draft.tokens)
+        verdict = verify_greedy(logits, draft.tokens, choice)
     else:
         verdict = verify_sampling(logits, draft.tokens, sampling, noise, position=len(sequence))
     cache.truncate(start + 1 + verdict.accepted)

@@ -20,9 +20,15 @@ class Verdict:
         return list(draft_tokens[: self.accepted]) + [self.next_token]
 
 
-def verify_greedy(target_logits: torch.Tensor, draft_tokens: list[int]) -> Verdict:
+def greedy_choice(target_logits: torch.Tensor, choice: list[int] | None = None) -> list[int]:
+    """Each row's argmax: `choice` where the caller has them already (a batch reads every request's argmaxes
+    back in one host sync: batch.py), else one host sync for the whole block."""
+    return choice if choice is not None else target_logits.argmax(dim=-1).tolist()
+
+
+def verify_greedy(target_logits: torch.Tensor, draft_tokens: list[int], choice: list[int] | None = None) -> Verdict:
     """target_logits [K+1, V]: row i scores the token after block position i. Longest matching prefix."""
-    choice = target_logits.argmax(dim=-1).tolist()  # one host sync for the whole block
+    choice = greedy_choice(target_logits, choice)
     accepted = 0
     for proposed, wanted in zip(draft_tokens, choice):
         if proposed != wanted:
@@ -72,14 +78,15 @@ def verify_chain(target_logits: torch.Tensor, draft_tokens: list[int], controls,
         controls.undo(pushed)
 
 
-def verify_tree_greedy(target_logits: torch.Tensor, draft_tokens: list[int], parents: list[int]) -> tuple[list[int], int]:
+def verify_tree_greedy(target_logits: torch.Tensor, draft_tokens: list[int], parents: list[int],
+                       choice: list[int] | None = None) -> tuple[list[int], int]:
     """Greedy verification of a token tree scored in one pass.
 
     target_logits [N+1, V]: row j scores the token after block node j (node 0 = last accepted token).
     Walk from the root, each time into the child whose token is the target's argmax. Returns the
     accepted path as block indices (ascending: parents precede children) and the next token.
     """
-    choice = target_logits.argmax(dim=-1).tolist()
+    choice = greedy_choice(target_logits, choice)
     children: dict[int, dict[int, int]] = {}
     for index, (token, parent) in enumerate(zip(draft_tokens, parents)):
         children.setdefault(parent, {}).setdefault(token, index + 1)

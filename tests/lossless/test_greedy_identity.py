@@ -478,8 +478,8 @@ def test_identity_check_catches_a_verifier_that_keeps_a_rejected_token(monkeypat
     import specdecode.step as step_module
     from specdecode.verify import Verdict, verify_greedy
 
-    def keeps_one_rejected(logits, draft_tokens):
-        verdict = verify_greedy(logits, draft_tokens)
+    def keeps_one_rejected(logits, draft_tokens, choice=None):
+        verdict = verify_greedy(logits, draft_tokens, choice)
         if verdict.accepted == len(draft_tokens):
             return verdict
         return Verdict(verdict.accepted + 1, int(logits[verdict.accepted + 1].argmax()))
