@@ -21,7 +21,7 @@ from .drafters.registry import build_drafter
 from .drafters.suffix_store import SuffixStore
 from .drafters.vocab import restrict_draft_vocabulary
 from .errors import InputError, ModelError
-from .grammar import check_grammar, new_matcher
+from .grammar import CheckedGrammar, check_grammar
 from .models.loader import LoadedModel
 from .models.transformer import Transformer
 from .sampling import SamplingParams
@@ -47,7 +47,7 @@ class Request:
     namespace: str | None = ""
     should_stop: Callable[[], bool] | None = None
     controls: LogitControls | None = None  # penalties, logit bias, grammar, logprobs (controls.py)
-    grammar: str | None = None  # controls.grammar compiled for this engine's tokenizer
+    grammar: CheckedGrammar | None = None  # controls.grammar compiled for this engine's tokenizer
 
 
 @dataclass
@@ -264,7 +264,7 @@ class Engine:
         if request.controls is None:
             return None
         vocab = self.target.vocab_size
-        matcher = None if request.grammar is None else new_matcher(request.grammar, self.tokenizer, vocab)
+        matcher = None if request.grammar is None else request.grammar.new_matcher()
         return RowControls.start(request.controls, request.prompt_ids, vocab, matcher, self.tokenizer.eos_ids)
 
     def _loop(self, request: Request) -> Iterator[StreamEvent]:

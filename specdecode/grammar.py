@@ -67,8 +67,20 @@ def grammar_tokenizer(tokenizer, vocab_size: int):
 CHECKED_GRAMMARS = 64  # specs whose compiled text a tokenizer remembers (check_grammar)
 
 
-def check_grammar(spec: GrammarSpec, tokenizer, vocab_size: int) -> str:
-    """The compiled grammar text; InputError naming the problem where llguidance refuses it.
+@dataclass(frozen=True, eq=False)
+class CheckedGrammar:
+    """A grammar compiled for one tokenizer: its text, and a matcher at the start of an answer that no answer
+    advances. Each answer takes a copy (new_matcher), a fraction of what compiling costs, so the engine thread,
+    which every running stream waits on, never compiles."""
+    text: str
+    start: object  # llguidance.LLMatcher
+
+    def new_matcher(self):
+        return self.start.deep_copy()
+
+
+def check_grammar(spec: GrammarSpec, tokenizer, vocab_size: int) -> CheckedGrammar:
+    """The grammar compiled; InputError naming the problem where llguidance refuses it.
 
     Remembered for this spec object (a tenth of a second and more for a large schema): a server checks a request's
     grammar while it tokenizes, and the engine thread, checking it again, then finds it, as do the other choices of
@@ -85,14 +97,15 @@ def check_grammar(spec: GrammarSpec, tokenizer, vocab_size: int) -> str:
     error = llguidance.LLMatcher.validate_grammar(text, grammar_tokenizer(tokenizer, vocab_size))
     if error:
         raise InputError(f"the {spec.kind.replace('_', ' ')} cannot be used: {error.strip()}")
-    checked[key] = (spec, text)
+    compiled = CheckedGrammar(text, start_matcher(text, tokenizer, vocab_size))
+    checked[key] = (spec, compiled)
     for old in list(checked)[: max(0, len(checked) - CHECKED_GRAMMARS)]:  # oldest first (two threads call this)
         checked.pop(old, None)
-    return text
+    return compiled
 
 
-def new_matcher(grammar: str, tokenizer, vocab_size: int):
-    """A matcher at the start of the answer."""
+def start_matcher(grammar: str, tokenizer, vocab_size: int):
+    """A matcher at the start of the answer, compiled from the grammar's text."""
     import llguidance
 
     matcher = llguidance.LLMatcher(grammar_tokenizer(tokenizer, vocab_size), grammar, log_level=0)

@@ -180,7 +180,8 @@ def test_bad_bodies_beside_a_running_generation_leave_it_its_solo_tokens(client,
 def test_a_schema_compiles_off_the_engine_thread(client, monkeypatch):
     """The engine thread compiled a request's schema (Engine.request) for each of its choices while every running
     stream waited: a tenth of a second and more each for a large schema, times n. It compiles now in the threads
-    that tokenize the choices (which run side by side: each may compile it), and the engine finds it compiled."""
+    that tokenize the choices (which run side by side: each may compile it), and the engine finds it compiled, with
+    a matcher at the answer's start that each choice copies."""
     import threading
 
     from specdecode import grammar
@@ -192,12 +193,17 @@ def test_a_schema_compiles_off_the_engine_thread(client, monkeypatch):
         return compile_(spec)
 
     monkeypatch.setattr(grammar, "grammar_text", recording)
+    matcher_threads, start_matcher = [], grammar.start_matcher
+    monkeypatch.setattr(grammar, "start_matcher",
+                        lambda *a: matcher_threads.append(threading.current_thread().name) or start_matcher(*a))
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
     answer = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Name a cat."}], n=3,
                                             max_tokens=24, temperature=0.8, seed=3, response_format={
                                                 "type": "json_schema", "json_schema": {"name": "cat", "schema": schema}})
     assert len(answer.choices) == 3
     assert 1 <= len(threads) <= 3 and not any(name.startswith("specdecode-engine") for name in threads), threads
+    # nor does it build the choices' matchers from the grammar's text: each copies the one compiled beside it
+    assert 1 <= len(matcher_threads) <= 3 and not any(name.startswith("specdecode-engine") for name in matcher_threads)
 
 
 def drafting_counts(monkeypatch, others_first: bool) -> tuple:
