@@ -37,9 +37,9 @@ ENTRY_POINTS = {
 
 
 @pytest.fixture
-def machine_with_one_build(tmp_path):
-    """(environment, the build folder): a cache folder whose kernel build is a copy of this machine's, every other
-    part of the cache shared; a PATH whose `ccache` logs each call and runs the compiler."""
+def copied_build(tmp_path):
+    """(environment, the build folder): a cache folder whose kernel build is a copy of this machine's (file times
+    kept), every other part of the cache shared."""
     if kernels.load_kernel() is None:
         pytest.skip(f"the CPU kernel is unavailable ({kernels.kernel_status()})")
     real, cache = cache_dir(), tmp_path / "cache"
@@ -49,6 +49,14 @@ def machine_with_one_build(tmp_path):
             (cache / entry.name).symlink_to(entry)
     build = cache / "kernels" / kernels.kernel_build_dir().name
     shutil.copytree(kernels.kernel_build_dir(), build, ignore=shutil.ignore_patterns("*.flock", "lock"))
+    return {**os.environ, "SPECDECODE_CACHE": str(cache)}, build
+
+
+@pytest.fixture
+def machine_with_one_build(copied_build, tmp_path):
+    """The copied build given both causes of a rebuild: objects dated 1970, and a PATH whose `ccache` (which
+    PyTorch writes into the compile commands) logs each call and runs the compiler."""
+    env, build = copied_build
     for obj in build.glob("*.o"):
         os.utime(obj, (0, 0))
     wrappers = tmp_path / "bin"
@@ -56,8 +64,7 @@ def machine_with_one_build(tmp_path):
     ccache = wrappers / "ccache"
     ccache.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "compiles.log"}\nexec "$@"\n')
     ccache.chmod(0o755)
-    env = {**os.environ, "SPECDECODE_CACHE": str(cache), "PATH": f"{wrappers}:{os.environ['PATH']}"}
-    return env, build
+    return {**env, "PATH": f"{wrappers}:{env['PATH']}"}, build
 
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
@@ -87,3 +94,16 @@ def test_a_folder_without_a_whole_mark_is_built_again_under_the_lock(machine_wit
         damage()
         assert kernels.native._load_or_build() == "rebuilt"
     assert built == [build, build]
+
+
+def test_a_build_killed_mid_way_is_finished_by_the_next_process(copied_build):
+    """A killed build leaves PyTorch's plain lock file (every later load through PyTorch waited on it forever) and no
+    mark: the next process, holding the folder's flock, removes the lock, builds (here ninja finds the copied objects
+    up to date) and marks the build."""
+    env, build = copied_build
+    (build / kernels.native.BUILT_MARK).unlink()
+    (build / "lock").touch()
+    result = subprocess.run(ENTRY_POINTS["demo and test set-up"], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                            env={**env, "TORCH_NO_COMPILER_WRAPPER": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (build / "lock").exists() and (build / kernels.native.BUILT_MARK).is_file()
