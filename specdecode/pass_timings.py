@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import platform
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -98,7 +99,7 @@ def _write(path: Path, name: str, seconds: float) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         record = {**_read(path), name: seconds}
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.partial")  # one per writer
         partial.write_text(json.dumps(record, indent=0, sort_keys=True))
         partial.replace(path)
     except OSError:
