@@ -288,9 +288,13 @@ def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it
     kill_lock = threading.Lock()
 
     def kill_at_the_victims_first_chunk(replica: str) -> None:
-        # The victim has just started its first generation and holds others in its queue: both cases happen.
+        # The victim has just started its first generation and holds others in its queue: both cases happen. On a
+        # busy machine the first chunk can come before the last clients' requests reach the entry point, so the kill
+        # waits until all sixteen have gone to a replica (the entry point's live count).
         with kill_lock:
             if replica == victim and not killed.is_set():
+                wait_until(lambda: get(cluster + "/health").json()["in_flight"] + len(results) >= 16, timeout=30,
+                           interval=0.02)
                 os.kill(pids[victim], signal.SIGKILL)
                 killed.set()
 
