@@ -66,24 +66,27 @@ def keep_on_disk(model, files: str) -> None:
     _ON_DISK[model] = cache_dir() / "timings" / f"{digest}.json"
 
 
-@functools.cache
 def machine_identity() -> str:
-    """What a pass's time depends on besides the model: the CPU (model, instruction sets, cores this process may
-    use), the GPUs, torch, and which native kernel build and options run. A cache folder shared by several machines, or
-    moved to another, times again."""
-    from . import kernels
-    from .kernels import options
+    """What a pass's time depends on besides the model: the hardware (_hardware), torch, and which native kernel
+    build and options run. A cache folder shared by several machines, or moved to another, times again. Never
+    builds the kernel: a model on a GPU leaves it unloaded, and so does its identity."""
+    from .kernels import native, options
 
-    cpu = ""
+    kernel = native.kernel_build_dir().name if native._kernel is not None else native.kernel_status()
+    return f"{_hardware()}\ntorch {torch.__version__}\nkernel {kernel}\n{options.OPTIONS}"
+
+
+@functools.cache
+def _hardware() -> str:
+    """The CPU (model, family, instruction sets, cores this process may use) and the GPUs."""
     try:
         cpu = "\n".join(sorted({line for line in Path("/proc/cpuinfo").read_text().splitlines()
                                 if line.startswith(("model name", "flags", "cpu family", "model\t"))}))
     except OSError:
         cpu = platform.processor()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    build = kernels.kernel_build_dir().name if kernels.load_kernel() is not None else kernels.kernel_status()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    return f"{cpu}\ncores {cores}\ngpus {gpus}\ntorch {torch.__version__}\nkernel {build}\n{options.OPTIONS}"
+    return f"{cpu}\ncores {cores}\ngpus {gpus}"
 
 
 def _read(path: Path) -> dict:

@@ -395,3 +395,18 @@ def test_a_later_process_on_this_machine_reads_the_timings_instead_of_timing_aga
     monkeypatch.setattr(pass_timings, "machine_identity", lambda: "another machine")
     measured("v1")
     assert len(timings) == 3 * (len(first[0]) + 1)
+
+
+def test_the_machine_identity_never_builds_the_cpu_kernel(monkeypatch):
+    """A model on a GPU leaves the CPU kernel unbuilt: keying its timings must not build it (a minute of compiling)."""
+    from specdecode import pass_timings
+    from specdecode.kernels import native
+
+    def no_build():
+        raise AssertionError("the identity built the kernel")
+
+    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native, "_kernel_failed", None)
+    monkeypatch.setattr(native, "load_kernel", no_build)
+    monkeypatch.setattr(native, "_load_or_build", no_build)
+    assert "kernel not loaded" in pass_timings.machine_identity()
