@@ -24,7 +24,7 @@ from pathlib import Path
 # takes a minute or two).
 STALE_AFTER_S = 3600.0
 # The temporaries of the cache: pulls and conversions (folders), blocks files written into a converted folder.
-TEMP_PATTERNS = (".pull-*", ".convert*", ".gguf_blocks-*.tmp")
+TEMP_PATTERNS = (".pull-*", ".convert*", ".gguf_blocks-*.tmp", ".matrices.safetensors~*.tmp")
 _OWNER = re.compile(r"~(\d+)@([0-9a-f]{8})~")
 
 

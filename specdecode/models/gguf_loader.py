@@ -134,7 +134,10 @@ def _dequantized(path: Path, tensors: dict, name: str) -> np.ndarray:
     return np.array(array.reshape(shape), dtype=np.float32, copy=True)
 
 
-def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions: int | None, reader=None) -> Transformer:
+def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions: int | None, reader=None,
+                    skip: frozenset = frozenset()) -> Transformer:
+    """The file's model in weight_dtype; the projection matrices named in `skip` ("layers.3.qkv", "lm_head") are left
+    empty, not dequantized (their GGUF blocks replace them)."""
     reader = reader or open_gguf(path)
     config = read_config(reader)
     tensors = {t.name: t for t in reader.tensors}
@@ -160,10 +163,15 @@ def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions
             raise ModelError(f"{path.name}: a tensor of shape {tuple(array.shape)} where the model needs {tuple(param.shape)}")
         param.data = torch.from_numpy(array).to(device=device, dtype=param.dtype)
 
+    def matrix(key: str, param: torch.nn.Parameter, array) -> None:
+        """array: a callable, so a skipped matrix is never dequantized."""
+        if key not in skip:
+            put(param, array())
+
     put(model.embed, get("token_embd.weight"))
     put(model.final_norm, get("output_norm.weight"))
     if model.lm_head is not None:
-        put(model.lm_head, get("output.weight"))
+        matrix("lm_head", model.lm_head, lambda: get("output.weight"))
     for i, layer in enumerate(model.layers):
         p = f"blk.{i}."
         put(layer.attn_norm, get(p + "attn_norm.weight"))
@@ -171,17 +179,18 @@ def load_gguf_model(path: Path, device, weight_dtype: torch.dtype, max_positions
         if layer.post_attn_norm is not None:  # Gemma's (llama.cpp's converter has added the 1 to every norm weight)
             put(layer.post_attn_norm, get(p + "post_attention_norm.weight"))
             put(layer.post_mlp_norm, get(p + "post_ffw_norm.weight"))
-        put(layer.qkv, fused_or_parts(p, "weight"))
+        matrix(f"layers.{i}.qkv", layer.qkv, lambda: fused_or_parts(p, "weight"))
         if layer.qkv_bias is not None:
             put(layer.qkv_bias, fused_or_parts(p, "bias"))
         if layer.q_norm is not None:
             put(layer.q_norm, get(p + "attn_q_norm.weight"))
             put(layer.k_norm, get(p + "attn_k_norm.weight"))
-        put(layer.out_proj, get(p + "attn_output.weight"))
+        matrix(f"layers.{i}.out_proj", layer.out_proj, lambda: get(p + "attn_output.weight"))
         # Phi-3: ffn_up holds gate and up, gate first (llama.cpp's fused SwiGLU takes the first half as the gate)
         fused = config.architecture.fused_gate_up
-        put(layer.gate_up, get(p + "ffn_up.weight") if fused else np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")]))
-        put(layer.down, get(p + "ffn_down.weight"))
+        matrix(f"layers.{i}.gate_up", layer.gate_up, lambda: get(p + "ffn_up.weight") if fused
+               else np.concatenate([get(p + "ffn_gate.weight"), get(p + "ffn_up.weight")]))
+        matrix(f"layers.{i}.down", layer.down, lambda: get(p + "ffn_down.weight"))
     return model
 
 

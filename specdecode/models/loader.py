@@ -66,7 +66,12 @@ def default_device() -> torch.device:
 
 # What a converted folder holds; a new version converts every file again. v2: the rope scaling in config.json
 # (folders of v1 were converted without it, and a llama 3 file among them would run with unscaled frequencies).
-CONVERTED_FORMAT = 2
+# v3: the matrices the int8 kernel reads from their GGUF blocks are not dequantized at conversion (MATRICES_FILE).
+CONVERTED_FORMAT = 3
+# The float32 matrices that weights.safetensors leaves out, dequantized the first time a load needs them (float32,
+# bfloat16, a GPU, a CPU without the kernel). The default int8 path never does: converting the 1.5B wrote 7.1 GB and
+# took ~45 s of a first run when every matrix was dequantized.
+MATRICES_FILE = "matrices.safetensors"
 
 
 def _converted_dir(gguf_path: Path) -> Path:
@@ -135,21 +140,23 @@ def convert_gguf(gguf_path: Path, quiet: bool = False) -> Path:
 def _convert_locked(gguf_path: Path, target: Path, quiet: bool) -> None:
     from safetensors.torch import save_file
 
-    from .gguf_loader import load_gguf_model, open_gguf
+    from .gguf_loader import load_gguf_model, open_gguf, read_config
 
     if not quiet:
         print(f"specdecode: converting {gguf_path.name} for fast loading (once) ...", file=sys.stderr)
     _verify_registry_file(gguf_path)
     reader = open_gguf(gguf_path)
-    model = load_gguf_model(gguf_path, "cpu", torch.float32, None, reader)
-    hf_tok = _load_hf_tokenizer(gguf_path.parent, gguf_path.name, model.config.arch)
+    config = read_config(reader)
     tmp_path = Path(tempfile.mkdtemp(dir=target.parent, prefix=cachefiles.temp_prefix(".convert")))
     try:
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        types = _save_blocks(gguf_path, config, tmp_path / BLOCKS_FILE, reader)
+        later = _int8_readable(types)
+        model = load_gguf_model(gguf_path, "cpu", torch.float32, None, reader, skip=later)
+        hf_tok = _load_hf_tokenizer(gguf_path.parent, gguf_path.name, model.config.arch)
+        state = {k: v.contiguous() for k, v in model.state_dict().items() if k not in later}
         save_file(state, str(tmp_path / "weights.safetensors"))
         hf_tok.save_pretrained(str(tmp_path / "tokenizer"))
         _record_added_tokens(tmp_path / "tokenizer")
-        _save_blocks(gguf_path, model.config, tmp_path / BLOCKS_FILE, reader)
         (tmp_path / "config.json").write_text(json.dumps(asdict(model.config), indent=1))
         if target.exists():  # an incomplete folder (no config.json): only a lock holder writes here
             shutil.rmtree(target)
@@ -184,21 +191,21 @@ def _verify_registry_file(gguf_path: Path) -> None:
                          " delete it and it is pulled again")
 
 
-def _load_converted(folder: Path, device, weight_dtype, max_positions, skip=frozenset()) -> Transformer:
-    """The converted float32 model; parameters named in `skip` stay unread (empty), for their blocks to replace."""
+def _load_converted(folder: Path, gguf_path: Path, device, weight_dtype, max_positions, skip=frozenset()) -> Transformer:
+    """The converted float32 model; parameters named in `skip` stay unread (empty), for their blocks to replace.
+    Matrices the conversion left to their blocks come from MATRICES_FILE, made the first time one is wanted."""
     from safetensors import safe_open
 
     config = ModelConfig(**json.loads((folder / "config.json").read_text()))
     model = Transformer(config, weight_dtype=weight_dtype, max_positions=max_positions)
+    wanted = {name: param for name, param in model.named_parameters() if name not in skip}
     try:
         with safe_open(str(folder / "weights.safetensors"), framework="pt") as f:
-            stored = set(f.keys())
-            for name, param in model.named_parameters():
-                if name in skip:
-                    continue
-                if name not in stored:
-                    raise ModelError(f"converted weights in {folder} lack {name}; delete that folder to rebuild")
+            for name in set(f.keys()) & set(wanted):
+                param = wanted.pop(name)
                 param.data = f.get_tensor(name).to(device=device, dtype=param.dtype).contiguous()
+        if wanted:
+            _read_matrices(folder, gguf_path, config, wanted, device)
     except ModelError:
         raise
     except Exception as exc:
@@ -206,9 +213,45 @@ def _load_converted(folder: Path, device, weight_dtype, max_positions, skip=froz
     return model
 
 
-def _save_blocks(gguf_path: Path, config: ModelConfig, path: Path, reader=None) -> None:
+def _read_matrices(folder: Path, gguf_path: Path, config: ModelConfig, wanted: dict, device) -> None:
+    """The float32 matrices weights.safetensors leaves out, from MATRICES_FILE: dequantized from the GGUF file the
+    first time (under the folder's conversion lock; a process that waited reads what the other wrote)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from .gguf_loader import load_gguf_model
+
+    path = folder / MATRICES_FILE
+    if not path.is_file():
+        with cachefiles.locked(cachefiles.lock_path("converted", folder.name),
+                               f"specdecode: waiting for another process dequantizing {gguf_path.name} ..."):
+            if not path.is_file():
+                cachefiles.sweep(folder, (".matrices.safetensors~*.tmp",))  # what a killed process left
+                print(f"specdecode: dequantizing {gguf_path.name}'s matrices to float32 (once) ...", file=sys.stderr)
+                full = load_gguf_model(gguf_path, "cpu", torch.float32, None).state_dict()
+                tmp = folder / (cachefiles.temp_prefix(f".{MATRICES_FILE}") + ".tmp")
+                try:
+                    save_file({key: full[key].contiguous() for key in _matrix_keys(config) if key in full}, str(tmp))
+                    tmp.replace(path)
+                except OSError as exc:
+                    raise _no_space(exc, folder, f"dequantizing {gguf_path.name}") or exc from None
+                finally:
+                    cachefiles.remove_quietly(tmp)
+    with safe_open(str(path), framework="pt") as f:
+        for name, param in wanted.items():
+            if name not in f.keys():
+                raise ModelError(f"converted weights in {folder} lack {name}; delete that folder to rebuild")
+            param.data = f.get_tensor(name).to(device=device, dtype=param.dtype).contiguous()
+
+
+def _int8_readable(types: dict[str, list[int]]) -> frozenset:
+    """The matrices whose every part the int8 kernel reads from its GGUF blocks (their float32 copies wait)."""
+    return frozenset(key for key, parts in types.items() if all(t in kernels.QUANT_KERNEL_TYPES for t in parts))
+
+
+def _save_blocks(gguf_path: Path, config: ModelConfig, path: Path, reader=None) -> dict[str, list[int]]:
     """The blocks the kernels read, and every matrix's ggml type names (what int8 refuses or q8_0 requantizes is
-    named from these, without parsing the GGUF header again)."""
+    named from these, without parsing the GGUF header again). Returns each saved matrix's block types."""
     from safetensors.torch import save_file
 
     from .gguf_loader import matrix_types, open_gguf, read_gguf_blocks
@@ -219,6 +262,7 @@ def _save_blocks(gguf_path: Path, config: ModelConfig, path: Path, reader=None) 
     types = {key: [t for t, _ in parts] for key, parts in blocks.items()}
     names = matrix_types(config, reader)
     save_file(flat, str(path), metadata={"types": json.dumps(types), "type_names": json.dumps(names)})
+    return types
 
 
 def _read_blocks(gguf_path: Path, folder: Path, config: ModelConfig) -> dict:
@@ -284,7 +328,7 @@ def _load_gguf_int8(gguf_path: Path, folder: Path, device, max_positions, requan
         _refuse_or_report(gguf_path.name, [t for key in unread for t in types[key]], len(unread), requantize)
     # A tied head's blocks replace no parameter: the float32 embedding stays for lookups.
     skip = frozenset(blocks) - ({"lm_head"} if config.tie_embeddings else set())
-    model = _load_converted(folder, device, torch.float32, max_positions, skip=skip)
+    model = _load_converted(folder, gguf_path, device, torch.float32, max_positions, skip=skip)
     _to_quant_weights(model, blocks)
     return model, len(unread)
 
@@ -388,7 +432,7 @@ def _load_gguf_native(path: Path, folder: Path, device, dtype: str, max_context)
         model, requantized = _load_gguf_int8(path, folder, device, positions, requantize=dtype == "q8_0")
         model = _finish_native(model, torch.float32, dtype)
     else:
-        model = _finish_native(_load_converted(folder, device, DTYPES[dtype], positions), DTYPES[dtype])
+        model = _finish_native(_load_converted(folder, path, device, DTYPES[dtype], positions), DTYPES[dtype])
     blocks = _attach_blocks(model, path, folder) if dtype == "float32" and kernels.gguf_blocks_enabled(device) else 0
     return model, Tokenizer.from_hf(_load_hf_tokenizer(folder / "tokenizer")), blocks, requantized
 

@@ -465,7 +465,7 @@ def _convert_and_hang(path: str) -> None:
     """In a spawned process: convert `path`, stopping for good after the weights are written (to be SIGKILLed)."""
     from specdecode.models import loader
 
-    loader._save_blocks = lambda *args: time.sleep(600)
+    loader._record_added_tokens = lambda *args: time.sleep(600)
     loader.convert_gguf(Path(path), quiet=True)
 
 
@@ -726,3 +726,32 @@ def test_generate_on_an_unsupported_file_prints_one_line_naming_what_is_supporte
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.returncode == 2 and "Traceback" not in result.stderr and len(errors) == 1, result.stderr
         assert re.search(expected, errors[0]), (path.name, result.stderr)
+
+
+def test_an_int8_first_run_dequantizes_no_matrix_the_kernel_reads_and_float32_gets_them_later(tmp_path, monkeypatch):
+    """Converting dequantized every matrix to float32 (7.1 GB and ~45 s for the 1.5B target), which the default int8
+    path never reads. Now the conversion leaves the kernel-readable matrices to their blocks; the first float32 load
+    dequantizes them once into their own file, and its model equals the one made straight from the GGUF file."""
+    from safetensors import safe_open
+
+    from specdecode.models.loader import MATRICES_FILE, _converted_dir
+
+    from specdecode import kernels
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    path = smollm2_file()  # the real cache's file, converted in a private cache
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    int8 = load_model(str(path), device="cpu", dtype="int8", max_context=64)
+    folder = _converted_dir(path)
+    with safe_open(str(folder / "weights.safetensors"), framework="pt") as f:
+        assert not any(".qkv" in name or ".down" in name for name in f.keys())
+    assert not (folder / MATRICES_FILE).exists()
+    float32 = load_model(str(path), device="cpu", dtype="float32", max_context=64)
+    assert (folder / MATRICES_FILE).is_file()
+    direct = load_gguf_model(path, "cpu", torch.float32, 64)
+    with safe_open(str(folder / MATRICES_FILE), framework="pt") as f:
+        assert f.keys() and all(torch.equal(f.get_tensor(name), direct.get_parameter(name)) for name in f.keys())
+    tokens = torch.tensor([1, 50, 7, 200, 3])
+    assert torch.equal(float32.model(tokens, float32.model.new_cache(8)), direct(tokens, direct.new_cache(8)))
+    assert int8.model(tokens, int8.model.new_cache(8)).shape == (5, direct.config.vocab_size)
