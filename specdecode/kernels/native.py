@@ -54,10 +54,12 @@ def isa_build_flags() -> list[str]:
 
 
 _HERE = Path(__file__).parent
-# Longest compile first (quant_dot.cpp, about half the CPU of the build, then bindings.cpp): ninja starts them in this
-# order, so on two cores the others fill in around them instead of quant_dot.cpp starting last and running alone.
-KERNEL_SOURCES = [_HERE / name for name in ("quant_dot.cpp", "bindings.cpp", "skinny_linear.cpp", "gguf_linear.cpp", "int8_layer.cpp", "block_attention.cpp")]
-KERNEL_HEADERS = [_HERE / name for name in ("avx2_math.h", "kernels.h", "quant_dot_impl.h")]
+# Longest compiles first (the three instruction-set paths of the int8 product, most of the build's CPU, then
+# bindings.cpp): ninja starts them in this order, so on two cores the others fill in around them instead of a long
+# one starting last and running alone.
+KERNEL_SOURCES = [_HERE / name for name in ("quant_dot_amx.cpp", "quant_dot_vnni.cpp", "quant_dot.cpp", "bindings.cpp", "skinny_linear.cpp",
+                                            "gguf_linear.cpp", "int8_layer.cpp", "block_attention.cpp")]
+KERNEL_HEADERS = [_HERE / name for name in ("avx2_math.h", "kernels.h", "quant_dot_impl.h", "quant_dot_paths.h")]
 KERNEL_CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 # GCC frees the memory of its parse trees by garbage collection, tuned for machines far smaller than today's: it
 # collects each time its heap grows by a small step. Collecting only past 1 GB (the longest file peaks at ~1.4 GB)

@@ -8,64 +8,20 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros_like.h>
-#include <ATen/Parallel.h>
 #include <cpuid.h>
-#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cmath>
-#include <cstring>
-#include <type_traits>
-#include <vector>
-
-#include "avx2_math.h"
 #include "kernels.h"
+#include "quant_dot_paths.h"
 
+// The AVX2 path, which every x86-64 CPU this runs on has; the VNNI and AMX paths are compiled in files of their
+// own (quant_dot_paths.h says why).
 #define QD_VNNI 0
 namespace qd_avx2 {
 #include "quant_dot_impl.h"
 }
 #undef QD_VNNI
-
-// Which faster paths to compile: native.py passes those this CPU can run (a first build compiles only them);
-// compiled without the flags, every path is.
-#ifndef QD_BUILD_VNNI
-#define QD_BUILD_VNNI 1
-#endif
-#ifndef QD_BUILD_AMX
-#define QD_BUILD_AMX 1
-#endif
-
-#if QD_BUILD_VNNI
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
-namespace qd_vnni {
-#define QD_VNNI 1
-#include "quant_dot_impl.h"
-#undef QD_VNNI
-}
-#pragma GCC pop_options
-#endif
-
-// A third copy for CPUs with AMX-INT8: the VNNI path, whose interleaved Q4_K tiles of 16 and 32 tokens multiply on
-// the tile units (tile_q4k_amx in quant_dot_impl.h). Same integers, same float operations, same bits.
-#if QD_BUILD_VNNI && QD_BUILD_AMX && defined(__GNUC__) && __GNUC__ >= 11 && defined(__x86_64__)
-#define QD_HAVE_AMX 1
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
-namespace qd_amx {
-#define QD_VNNI 1
-#define QD_AMX 1
-#include "quant_dot_impl.h"
-#undef QD_AMX
-#undef QD_VNNI
-}
-#pragma GCC pop_options
-#else
-#define QD_HAVE_AMX 0
-#endif
 
 namespace {
 
@@ -235,24 +191,14 @@ void quant_linear_into(const at::Tensor& x, const std::vector<at::Tensor>& parts
   }
   TORCH_CHECK(y.scalar_type() == at::kFloat && y.is_contiguous() && y.numel() == M * O, "quant_linear: output of the wrong size");
   float* yp = y.data_ptr<float>();
+  const QdAct act{in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), kd_by_block.data(), M, bq.data(), bd.data(), bsum.data()};
 #if QD_HAVE_AMX
-  if (isa == "amx") {
-    const qd_amx::Act act{in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), kd_by_block.data(), M, bq.data(), bd.data(), bsum.data()};
-    qd_amx::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
-    return;
-  }
+  if (isa == "amx") return qd_amx::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
 #endif
 #if QD_BUILD_VNNI
-  if (isa == "avx512-vnni") {
-    const qd_vnni::Act act{in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), kd_by_block.data(), M, bq.data(), bd.data(), bsum.data()};
-    qd_vnni::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
-    return;
-  }
+  if (isa == "avx512-vnni") return qd_vnni::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
 #endif
-  {
-    const qd_avx2::Act act{in, kq.data(), kd.data(), kbsum.data(), kbsum32.data(), kd_by_block.data(), M, bq.data(), bd.data(), bsum.data()};
-    qd_avx2::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
-  }
+  qd_avx2::run_all(act, M, ptrs, rows_of, types, yp, O, perturb_row);
 }
 
 int64_t out_rows_of_parts(const std::vector<at::Tensor>& parts) {

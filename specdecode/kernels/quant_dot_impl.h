@@ -1,8 +1,9 @@
 // Integer matmul over GGUF blocks: the body shared by the instruction-set paths.
 //
-// quant_dot.cpp includes this file twice, into two namespaces: once as plain AVX2, once under a
-// target pragma with QD_VNNI set, where the byte and word multiply-adds fuse into AVX-512 VNNI
-// instructions and the compiler has 32 vector registers. Both paths compute the same integers and
+// Each path includes this file into a namespace of its own: quant_dot.cpp as plain AVX2,
+// quant_dot_vnni.cpp under a target pragma with QD_VNNI set, where the byte and word multiply-adds fuse
+// into AVX-512 VNNI instructions and the compiler has 32 vector registers, and quant_dot_amx.cpp, which
+// adds the tile units. Both paths compute the same integers and
 // run the same float operations in the same order, so they return the same bits.
 //
 // How one output is computed, and why it does not depend on the block it sits in:
@@ -28,20 +29,7 @@ constexpr int64_t Q6_K_X16 = 114;       // Q4KX16 and Q6KX16)
 constexpr int64_t Q5_0_X16 = 115;       // not a ggml type: Q5_0 with 16 rows interleaved (Q50X16)
 constexpr int MAX_M = 64;  // activation rows per call: a decode step, a verify block, a prefill chunk
 
-// The quantized activations of one call (see quantize_* in quant_dot.cpp).
-struct Act {
-  int64_t in;
-  // k-quant types, block-major so that a tile reaches each of its tokens at a constant offset:
-  const int8_t* kq;       // [in/256][M][256] int8, one scale per 256
-  const float* kd;        // [M][in/256]
-  const int16_t* kbsum;   // [in/256][M][16] sums of 16 consecutive values
-  const int16_t* kbsum32; // [in/256][M][8] sums of 32 consecutive values
-  const float* kd_by_block;  // [in/256][M + 8]: kd transposed (padded), the scales of all tokens per block
-  int64_t M;
-  const int8_t* bq;       // [M][in] int8, one scale per 32 (32-weight block types)
-  const float* bd;        // [M][in/32]
-  const int32_t* bsum;    // [M][in/32] sums of the 32 values
-};
+using Act = QdAct;  // the quantized activations of one call (quant_dot_paths.h), one type for every path
 
 // Integer multiply-add of 32 weight bytes (unsigned, 0..63 or |w| <= 128) with 32 activation bytes:
 // pairs into int16 (no saturation for these ranges), then words times s16 into the 8 int32 lanes.
