@@ -18,7 +18,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_isa_paths", &quant_isa_paths);
   m.def("quantize_q8_0", &quantize_q8_0_cpu);
   m.def("repack_q4k", &repack_q4k_cpu);
-  m.def("interleave_k", &interleave_k_cpu);
+  m.def("interleave_k", &interleave_k_cpu, pybind11::arg("blocks"), pybind11::arg("type"), pybind11::arg("to_x16"),
+        pybind11::arg("field_walk") = false);
   m.def("int8_attn_in", &int8_attn_in);
   m.def("int8_attn_out", &int8_attn_out);
   m.def("int8_layer", &int8_layer);

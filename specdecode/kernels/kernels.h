@@ -28,7 +28,7 @@ std::string quant_isa();
 std::vector<std::string> quant_isa_paths();
 at::Tensor quantize_q8_0_cpu(at::Tensor w);
 at::Tensor repack_q4k_cpu(at::Tensor blocks);
-at::Tensor interleave_k_cpu(at::Tensor blocks, int64_t type, bool to_x16);
+at::Tensor interleave_k_cpu(at::Tensor blocks, int64_t type, bool to_x16, bool field_walk = false);
 // int8_layer.cpp
 at::Tensor int8_attn_in(at::Tensor x, at::Tensor norm, double eps, std::vector<at::Tensor> qkv_parts,
                            std::vector<int64_t> qkv_types, std::optional<at::Tensor> bias,

@@ -276,6 +276,53 @@ void q5_0_fields(int r, F&& f) {  // from Q5_0: d, 4 bytes of fifth bits (bit w 
   }
 }
 
+// The same moves as q4k_fields and q6k_fields for one group of 16 rows (in: the group's first row at this
+// column block, rows row_stride bytes apart), written destination byte by destination byte: each row's 4-bit
+// (and Q6_K's 2-bit) columns unpacked once, then every byte of the group block assembled from its columns. The
+// field walk above moves one field at a time into a zeroed block; at every model load it took seconds (the 1.5B
+// target: 5.8 s on two cores), this a fraction. tests/models/test_quant_dot.py checks both against each other.
+static void q4k_group_to_x16(const uint8_t* in, int64_t row_stride, uint8_t* out) {
+  using X = qd_avx2::Q4KX16;
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* s = in + r * row_stride;
+    for (int i = 0; i < 2; ++i) out[X::D + 2 * r + i] = s[i], out[X::DMIN + 2 * r + i] = s[2 + i];
+    for (int j = 0; j < 8; ++j) out[X::SCALES + 16 * j + r] = s[4 + j], out[X::MINS + 32 * (j / 2) + 2 * r + j % 2] = s[12 + j];
+    uint8_t col[256];  // column w's 4-bit value
+    for (int h = 0; h < 4; ++h)
+      for (int l = 0; l < 32; ++l) col[64 * h + l] = s[20 + 32 * h + l] & 15, col[64 * h + 32 + l] = s[20 + 32 * h + l] >> 4;
+    for (int g = 0; g < 32; ++g)
+      for (int c = 0; c < 4; ++c) out[X::QS + 64 * g + 4 * r + c] = (uint8_t)(col[8 * g + c] | col[8 * g + c + 4] << 4);
+  }
+}
+
+static void q6k_group_to_x16(const uint8_t* in, int64_t row_stride, uint8_t* out) {
+  using X = qd_avx2::Q6KX16;
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* s = in + r * row_stride;
+    for (int i = 0; i < 2; ++i) out[X::D + 2 * r + i] = s[208 + i];
+    for (int j = 0; j < 16; ++j) out[X::PAIRS + X::PAIR_BYTES * (j / 2) + X::SCALES + 2 * r + j % 2] = s[192 + j];
+    uint8_t lo[256], hi[256];  // column w's low 4 bits and high 2 bits
+    for (int n = 0; n < 2; ++n)  // column w = 128 n + 32 t + l
+      for (int t = 0; t < 4; ++t)
+        for (int l = 0; l < 32; ++l) {
+          lo[128 * n + 32 * t + l] = s[64 * n + 32 * (t & 1) + l] >> (t / 2 * 4) & 15;
+          hi[128 * n + 32 * t + l] = s[128 + 32 * n + l] >> (2 * t) & 3;
+        }
+    for (int p = 0; p < 8; ++p)
+      for (int q = 0; q < 4; ++q) {
+        uint8_t* pair = out + X::PAIRS + X::PAIR_BYTES * p + 4 * r + q;
+        for (int c = 0; c < 4; ++c) {
+          const int w = 32 * p + 8 * c + q;
+          pair[X::QL + 64 * c] = (uint8_t)(lo[w] | lo[w + 4] << 4);
+        }
+        for (int cc = 0; cc < 2; ++cc) {
+          const int w = 32 * p + 16 * cc + q;
+          pair[X::QH + 64 * cc] = (uint8_t)(hi[w] | hi[w + 4] << 2 | hi[w + 8] << 4 | hi[w + 12] << 6);
+        }
+      }
+  }
+}
+
 // Bytes per one-row block of the types that have a 16-row interleaved layout (the interleaved layouts keep
 // each row's bytes); 0 for any other type.
 static int64_t interleavable_block_bytes(int64_t type) {
@@ -289,14 +336,16 @@ static int64_t interleavable_block_bytes(int64_t type) {
 
 // Q4_K_UNPACKED, Q6_K or Q5_0 blocks [rows, n * bytes] (rows a multiple of 16) to their interleaved layout
 // (Q4KX16, Q6KX16, Q50X16 in quant_dot_impl.h), the same size; to_x16 false converts back (for selecting
-// rows). Bits move, none changes.
-at::Tensor interleave_k_cpu(at::Tensor blocks, int64_t type, bool to_x16) {
+// rows). Bits move, none changes. field_walk: the field-by-field moves even where a faster assembly exists (tests).
+at::Tensor interleave_k_cpu(at::Tensor blocks, int64_t type, bool to_x16, bool field_walk) {
   const int64_t bytes = interleavable_block_bytes(type);
   TORCH_CHECK(bytes > 0, "interleave_k: Q4_K_UNPACKED, Q6_K or Q5_0 blocks only");
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.size(1) % bytes == 0 && blocks.size(0) % 16 == 0,
               "interleave_k: uint8 [16k rows, n blocks] expected");
   auto src = blocks.contiguous();
-  auto out = at::zeros_like(src);
+  // The assembled types write every byte of the output once; the field walk ORs fields into a zeroed block.
+  const bool assembled = to_x16 && !field_walk && (type == qd_avx2::Q4_K_UNPACKED || type == 14);
+  auto out = assembled ? at::empty_like(src) : at::zeros_like(src);
   const int64_t n = src.size(1) / bytes, groups = src.size(0) / 16;
   const uint8_t* in = src.data_ptr<uint8_t>();
   uint8_t* op = out.data_ptr<uint8_t>();
@@ -304,6 +353,12 @@ at::Tensor interleave_k_cpu(at::Tensor blocks, int64_t type, bool to_x16) {
     for (int64_t gb = b; gb < e; ++gb) {
       const int64_t g = gb / n, blk = gb % n;
       const int64_t x_at = gb * 16 * bytes;
+      if (assembled) {
+        const uint8_t* first = in + (g * 16 * n + blk) * bytes;
+        if (type == 14) q6k_group_to_x16(first, n * bytes, op + x_at);
+        else q4k_group_to_x16(first, n * bytes, op + x_at);
+        continue;
+      }
       for (int r = 0; r < 16; ++r) {
         const int64_t row_at = ((g * 16 + r) * n + blk) * bytes;
         auto move = [&](int ro, int rs, int xo, int xs, int nbits) {

@@ -200,6 +200,19 @@ def test_interleaved_k_quants_give_the_gguf_bits(kernel):
                 assert not torch.equal(run(kernel, x[:rows], broken, isa), run(kernel, x[:rows], parts, isa)), (i, isa, rows)
 
 
+def test_the_fast_interleave_moves_every_bit_as_the_field_walk(kernel):
+    """Loading assembles the interleaved Q4_K and Q6_K group blocks byte by byte (q4k_group_to_x16,
+    q6k_group_to_x16); the field-by-field walk defines the layout. On random bytes (every bit pattern, not only
+    valid blocks), over several groups and blocks, the two agree bit for bit, and the walk's inverse gives the
+    input back."""
+    gen = torch.Generator().manual_seed(17)
+    for block_type, bytes_per_block in ((kernels.Q4_K_UNPACKED, 148), (14, 210)):
+        blocks = torch.randint(0, 256, (48, 3 * bytes_per_block), dtype=torch.uint8, generator=gen)
+        fast = kernel.interleave_k(blocks, block_type, True)
+        assert torch.equal(fast, kernel.interleave_k(blocks, block_type, True, field_walk=True)), block_type
+        assert torch.equal(kernel.interleave_k(fast, block_type, False), blocks), block_type
+
+
 def test_interleaved_q5_0_gives_the_gguf_bits(kernel):
     """Q5_0 in groups of 16 interleaved rows (kernels.Q5_0_X16, the 0.5B draft's matrices): every row count 1..16
     and path gives the bits of the GGUF layout, and the interleave undoes exactly. Layouts with two rows' scales
