@@ -276,7 +276,7 @@ void q5_0_fields(int r, F&& f) {  // from Q5_0: d, 4 bytes of fifth bits (bit w 
   }
 }
 
-// The same moves as q4k_fields and q6k_fields for one group of 16 rows (in: the group's first row at this
+// The same moves as q4k_fields and q6k_fields (q5_0_fields below) for one group of 16 rows (in: the group's first row at this
 // column block, rows row_stride bytes apart), written destination byte by destination byte: each row's 4-bit
 // (and Q6_K's 2-bit) columns unpacked once, then every byte of the group block assembled from its columns. The
 // field walk above moves one field at a time into a zeroed block; at every model load it took seconds (the 1.5B
@@ -323,6 +323,25 @@ static void q6k_group_to_x16(const uint8_t* in, int64_t row_stride, uint8_t* out
   }
 }
 
+// q5_0_fields' moves for one group: the fifth bits of two rows share a byte of the group block, so they are
+// assembled after the rows, from each row's 32 bits (bit w: column w, as the field walk reads byte 2 + w / 8).
+static void q50_group_to_x16(const uint8_t* in, int64_t row_stride, uint8_t* out) {
+  using X = qd_avx2::Q50X16;
+  uint32_t fifth[16];
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* s = in + r * row_stride;
+    for (int i = 0; i < 2; ++i) out[X::D + 2 * r + i] = s[i];
+    memcpy(&fifth[r], s + 2, 4);  // little-endian: byte 2 + w / 8, bit w % 8
+    uint8_t col[32];
+    for (int l = 0; l < 16; ++l) col[l] = s[6 + l] & 15, col[16 + l] = s[6 + l] >> 4;
+    for (int g = 0; g < 4; ++g)
+      for (int c = 0; c < 4; ++c) out[X::QS + 64 * g + 4 * r + c] = (uint8_t)(col[8 * g + c] | col[8 * g + c + 4] << 4);
+  }
+  for (int j = 0; j < 8; ++j)  // columns 4j..4j+3: rows 2p and 2p + 1 in byte p
+    for (int p = 0; p < 8; ++p)
+      out[X::QH + 8 * j + p] = (uint8_t)((fifth[2 * p] >> (4 * j) & 15) | (fifth[2 * p + 1] >> (4 * j) & 15) << 4);
+}
+
 // Bytes per one-row block of the types that have a 16-row interleaved layout (the interleaved layouts keep
 // each row's bytes); 0 for any other type.
 static int64_t interleavable_block_bytes(int64_t type) {
@@ -344,7 +363,7 @@ at::Tensor interleave_k_cpu(at::Tensor blocks, int64_t type, bool to_x16, bool f
               "interleave_k: uint8 [16k rows, n blocks] expected");
   auto src = blocks.contiguous();
   // The assembled types write every byte of the output once; the field walk ORs fields into a zeroed block.
-  const bool assembled = to_x16 && !field_walk && (type == qd_avx2::Q4_K_UNPACKED || type == 14);
+  const bool assembled = to_x16 && !field_walk;
   auto out = assembled ? at::empty_like(src) : at::zeros_like(src);
   const int64_t n = src.size(1) / bytes, groups = src.size(0) / 16;
   const uint8_t* in = src.data_ptr<uint8_t>();
@@ -356,6 +375,7 @@ at::Tensor interleave_k_cpu(at::Tensor blocks, int64_t type, bool to_x16, bool f
       if (assembled) {
         const uint8_t* first = in + (g * 16 * n + blk) * bytes;
         if (type == 14) q6k_group_to_x16(first, n * bytes, op + x_at);
+        else if (type == 6) q50_group_to_x16(first, n * bytes, op + x_at);
         else q4k_group_to_x16(first, n * bytes, op + x_at);
         continue;
       }

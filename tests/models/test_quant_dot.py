@@ -201,12 +201,12 @@ def test_interleaved_k_quants_give_the_gguf_bits(kernel):
 
 
 def test_the_fast_interleave_moves_every_bit_as_the_field_walk(kernel):
-    """Loading assembles the interleaved Q4_K and Q6_K group blocks byte by byte (q4k_group_to_x16,
-    q6k_group_to_x16); the field-by-field walk defines the layout. On random bytes (every bit pattern, not only
+    """Loading assembles the interleaved Q4_K, Q6_K and Q5_0 group blocks byte by byte (q4k_group_to_x16,
+    q6k_group_to_x16, q50_group_to_x16); the field-by-field walk defines the layout. On random bytes (every bit pattern, not only
     valid blocks), over several groups and blocks, the two agree bit for bit, and the walk's inverse gives the
     input back."""
     gen = torch.Generator().manual_seed(17)
-    for block_type, bytes_per_block in ((kernels.Q4_K_UNPACKED, 148), (14, 210)):
+    for block_type, bytes_per_block in ((kernels.Q4_K_UNPACKED, 148), (14, 210), (6, 22)):
         blocks = torch.randint(0, 256, (48, 3 * bytes_per_block), dtype=torch.uint8, generator=gen)
         fast = kernel.interleave_k(blocks, block_type, True)
         assert torch.equal(fast, kernel.interleave_k(blocks, block_type, True, field_walk=True)), block_type
