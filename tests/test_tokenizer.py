@@ -55,3 +55,24 @@ def test_control_tokens_typed_in_content_stay_text(tokenizer, smollm2):
     if "sanitize_control_tokens" in inspect.signature(hf.apply_chat_template).parameters:  # transformers >= 5.x
         assert ids == hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                              sanitize_control_tokens=True, return_dict=False)
+
+
+def test_decode_straight_to_the_backend_gives_transformers_text(tokenizer):
+    """Tokenizer.decode skips transformers' wrapper for the tokenizers library's own decode; the text is the
+    wrapper's for any ids: special tokens (skipped), pieces of UTF-8 characters, short and long runs. A backend
+    call that keeps the special tokens must fail."""
+    import random
+
+    hf = tokenizer.hf
+    assert tokenizer._backend_decoder is not None  # SmolLM2's tokenizer takes the direct path
+    rng = random.Random(5)
+    specials = [hf.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")]
+    runs = [[rng.randrange(len(hf)) for _ in range(rng.randrange(1, 40))] + rng.sample(specials, 1) for _ in range(300)]
+    runs += [hf.encode(text, add_special_tokens=False)[:cut] for text in ("naïve café — 東京 😀", "x\u00e9\n\t  y") for cut in range(1, 12)]
+
+    def wrapper(ids):
+        return hf.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    assert all(tokenizer.decode(ids) == wrapper(ids) for ids in runs)
+    keeps_specials = [ids for ids in runs if hf._tokenizer.decode(ids, skip_special_tokens=False) != wrapper(ids)]
+    assert len(keeps_specials) > 250  # the broken twin: nearly every run ends in a special token
