@@ -9,7 +9,8 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("skinny_linear", &skinny_linear_cpu);
-  m.def("block_attention", &block_attention_cpu);
+  m.def("block_attention", &block_attention_cpu, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("start"),
+        pybind11::arg("visible"), pybind11::arg("scale"), pybind11::arg("window"), pybind11::arg("definition") = false);
   m.def("gguf_linear", &gguf_linear_cpu);
   m.def("gguf_block_types", &gguf_block_types);
   m.def("quant_linear", &quant_linear_cpu);

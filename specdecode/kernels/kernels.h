@@ -13,7 +13,8 @@
 at::Tensor skinny_linear_cpu(at::Tensor x, at::Tensor w);
 // block_attention.cpp
 at::Tensor block_attention_cpu(at::Tensor q, at::Tensor k, at::Tensor v, int64_t start,
-                                  std::optional<at::Tensor> visible, double scale, int64_t window);
+                                  std::optional<at::Tensor> visible, double scale, int64_t window,
+                                  bool definition = false);
 // gguf_linear.cpp
 at::Tensor gguf_linear_cpu(at::Tensor x, std::vector<at::Tensor> parts, std::vector<int64_t> types);
 std::vector<int64_t> gguf_block_types();

@@ -74,6 +74,30 @@ def test_block_attention_kernel_matches_pytorch_and_is_row_count_invariant(heads
             assert torch.equal(out[i : i + 1], kernels.block_attention(q[i : i + 1], keys, values, start + i))
 
 
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(12, 2, 128), (9, 3, 64), (5, 1, 72), (4, 4, 8)])
+def test_fast_attention_scores_are_the_definitions_bits(heads, kv_heads, head_dim):
+    """The attention kernel's fast path (two heads against four keys per step, eight horizontal sums as one
+    transpose) must give every row the bits of its definition (one head and one key at a time, each dot product
+    reduced by hsum), alone, in blocks, in windows and in trees: a change of either, in the order of a sum, is a
+    change of every speculative output. Heads per group even and odd (the odd one takes the one-head steps), key
+    counts with and without a remainder, head sizes of one vector and of several."""
+    from specdecode import kernels
+    from specdecode.models.transformer import tree_mask
+
+    if kernels.load_kernel() is None:
+        pytest.skip(f"CPU kernel unavailable: {kernels.kernel_status()}")
+    attention = kernels.native._kernel.block_attention
+    gen = torch.Generator().manual_seed(11)
+    for start, rows, window in ((0, 1, 0), (3, 2, 0), (37, 5, 0), (129, 16, 0), (600, 9, 0), (90, 7, 33)):
+        keys = torch.randn(kv_heads, start + rows + 2, head_dim, generator=gen)
+        values = torch.randn(kv_heads, start + rows + 2, head_dim, generator=gen)
+        q = torch.randn(rows, heads, head_dim, generator=gen) * 3
+        parents = [max(0, i - 1) for i in range(rows - 1)]  # the root, then two chains under it
+        for visible in (None, tree_mask(start, parents, "cpu")[:, start:]):
+            fast = attention(q, keys, values, start, visible, 0.0, window)
+            assert torch.equal(fast, attention(q, keys, values, start, visible, 0.0, window, definition=True))
+
+
 @pytest.mark.parametrize("window", [1, 6, 40])
 def test_windowed_scaled_block_attention_matches_pytorch_and_is_row_count_invariant(window):
     """With a sliding window and a scale of its own (Gemma 3, Mistral): row i sees the keys at positions after
