@@ -282,4 +282,4 @@ def device_description(device) -> str:
     from .. import kernels
 
     paths = kernels.quant_isa_paths()
-    return f"cpu: {name}" + (f" (int8 paths {', '.join(paths)})" if paths else "")
+    return f"cpu: {name}" + (f" (int8 paths {', '.join(paths)}; running {kernels.quant_isa()})" if paths else "")

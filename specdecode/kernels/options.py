@@ -10,7 +10,7 @@ patching copies of a global in several modules.
 |---|---|---|---|
 | SPECDECODE_NO_KERNEL | disabled | any non-empty | no native kernel: every product runs through torch (slower; speculative output is then not guaranteed equal to plain decoding on CPU, so engines refuse it unless told --allow-inexact) |
 | SPECDECODE_KERNEL_ISAS | build_every_isa | all | compile every instruction-set path, not only those this CPU runs (a build for other machines) |
-| SPECDECODE_ISA | isa | auto, avx2, avx512-vnni, amx | the int8 kernel's path; auto picks the fastest this CPU runs |
+| SPECDECODE_ISA | isa | auto, avx2, avx512-vnni, amx | the int8 kernel's path; auto: AMX or VNNI, whichever measured faster on this machine (once per kernel build, isa_choice.py), else the best this CPU runs |
 | SPECDECODE_DENSE_WEIGHTS | dense_weights | any non-empty | float32 models from GGUF stream float32 weights instead of keeping the GGUF blocks |
 | SPECDECODE_PREFILL_GEMM | prefill_gemm | numpy, torch | which GEMM multiplies prompt-sized float32 blocks |
 | (tests only) | unpack_q4_k, interleave_k | True, False | the int8 kernel's faster weight layouts; off keeps GGUF's own |

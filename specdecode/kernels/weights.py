@@ -33,13 +33,20 @@ _INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148), Q6_K_X16: (
 # Each type that has an interleaved layout, and that layout's type.
 INTERLEAVED = {Q4_K_UNPACKED: Q4_K_X16, Q6_K: Q6_K_X16, Q5_0: Q5_0_X16}
 _DEINTERLEAVED = {x16: source for source, x16 in INTERLEAVED.items()}
-# The int8 kernel's instruction set (options.OPTIONS.isa): "auto" picks AMX (Q4_K tiles of 16 and 32 tokens on the
-# tile units, the rest as VNNI) where the CPU and Linux allow it, else AVX-512 VNNI where present, else AVX2. All
-# give the same bits; SPECDECODE_ISA=avx512-vnni or avx2 forces that path (for A/B timing).
+# The int8 kernel's instruction set (options.OPTIONS.isa): "auto" takes AMX (Q4_K tiles of 16 and 32 tokens on the
+# tile units, the rest as VNNI) or AVX-512 VNNI, whichever measured faster on this machine (isa_choice.py), where
+# the CPU and Linux allow AMX, else AVX-512 VNNI where present, else AVX2. All give the same bits;
+# SPECDECODE_ISA=amx, avx512-vnni or avx2 forces that path (for A/B timing).
 
 
 def quant_isa() -> str:
-    return options.OPTIONS.isa
+    """The path products run: SPECDECODE_ISA, or for auto the one measured fastest here (isa_choice)."""
+    isa = options.OPTIONS.isa
+    if isa != "auto":
+        return isa
+    from .isa_choice import auto_isa
+
+    return auto_isa()
 
 
 def quant_isa_paths() -> list[str]:
@@ -51,7 +58,7 @@ def quant_isa_paths() -> list[str]:
 def check_quant_isa() -> None:
     """Refuse at load a SPECDECODE_ISA the int8 kernel cannot run here: the model would load, then fail every
     product (every request a 500). A ModelError, so the command line prints it as one line."""
-    isa = quant_isa()
+    isa = options.OPTIONS.isa
     if isa not in QUANT_ISAS:
         raise ModelError(f"SPECDECODE_ISA={isa} names no instruction-set path of the int8 kernel;"
                          f" choose one of {', '.join(QUANT_ISAS)}")

@@ -400,6 +400,7 @@ def load_model(
     dtype = _available_precision(dtype, device)
     if dtype in QUANTIZED:
         kernels.check_quant_isa()  # an instruction set this CPU lacks fails here, not in every request
+        kernels.quant_isa()  # auto: where it must be measured (isa_choice), here, not inside the first pass
     name = name_or_path if name_or_path in registry.REGISTRY else path.name
     if path.is_file():
         if backend == "transformers":
