@@ -94,9 +94,11 @@ class ExactPass:
         return self.pools[max_len].new_cache()
 
     # ------------------------------------------------------------------ a pass
-    def run(self, segments) -> list[torch.Tensor]:
-        """Logits [rows, vocab] (float32) of every row of each segment (models.transformer.Segment, whose caches
-        all come from one pool of this pass), after writing the rows' keys and values to their caches."""
+    def run(self, segments) -> torch.Tensor:
+        """Logits [rows, vocab] (float32) of the segments' rows in order (models.transformer.Segment, whose caches
+        all come from one pool of this pass), after writing the rows' keys and values to their caches. One tensor
+        for the whole pass, so that what follows it (finishing the logits, the argmaxes) is a launch or two
+        however many sequences share it."""
         pool = segments[0].cache.pool
         if any(seg.cache.pool is not pool for seg in segments):
             raise ValueError("segments of one pass must share a cache pool")
@@ -110,11 +112,8 @@ class ExactPass:
             static_meta.copy_(meta, non_blocking=True)
             graph.replay()
             logits = static_logits
-        out, first = [], 0
-        for seg in segments:  # copies: a captured pass's logits are overwritten by its next replay
-            out.append(logits[first : first + seg.rows].clone() if bucket else logits[first : first + seg.rows])
-            first += seg.rows
-        return out
+        # A copy of a captured pass's rows: its logits are overwritten by the bucket's next replay.
+        return logits[:rows].clone() if bucket else logits
 
     def _graph(self, bucket: int, pool: KVPool):
         key = (bucket, id(pool), pool.version)

@@ -381,10 +381,15 @@ class Transformer(nn.Module):
         out = {}
         for pool in dict.fromkeys(seg.cache.pool for seg in segments):
             group = [seg for seg in segments if seg.cache.pool is pool]
-            for seg, scores in zip(group, self.exact_pass.run(group)):
+            scores = self.exact_pass.run(group)
+            # finished once for the whole pass (elementwise: each row's bits are its own); each segment a view
+            logits = self._finish_logits(scores) if any(seg.logits != "none" for seg in group) else None
+            end = 0
+            for seg in group:
                 seg.cache.length += seg.rows
-                wanted = {"all": scores, "last": scores[-1:], "none": None}[seg.logits]
-                out[id(seg)] = None if wanted is None else self._finish_logits(wanted)
+                end += seg.rows
+                rows = {"all": slice(end - seg.rows, end), "last": slice(end - 1, end)}.get(seg.logits)
+                out[id(seg)] = None if rows is None else logits[rows]
         return [out[id(seg)] for seg in segments]
 
     def _forward_group(self, segments: list[Segment]) -> list[torch.Tensor | None]:

@@ -1,0 +1,61 @@
+"""A batched pass on the GPU path costs the host the same device work however many requests share it: what follows
+the pass (finishing the logits, the greedy requests' argmaxes) runs once over all its rows, not once per request.
+On a GPU every such operation is a launch the host pays microseconds for while the device waits (issue 50: 16
+batched requests >= 10x one, bounded by the host). Counted here as the torch operations a pass dispatches, views
+aside (they launch nothing), through the Triton kernels in the interpreter."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from specdecode.batch import BatchEngine
+from specdecode.engine import Engine
+from specdecode.gpu.exact_pass import ExactPass
+from gpu_models import CONTEXT, tiny_gpu_model
+from testlib import as_loaded, fake_tokenizer
+
+
+class CountOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def unobserved_kernels(monkeypatch):
+    """The pass's kernels run out of the count: on CUDA they are one graph replay (the interpreter's own tensor work
+    would only slow the count down)."""
+    forward = ExactPass.forward
+
+    def quiet(self, meta, pool):
+        with _disable_current_modes():
+            return forward(self, meta, pool)
+
+    monkeypatch.setattr(ExactPass, "forward", quiet)
+
+
+def ops_of_a_decoding_pass(engine: Engine, requests: int, drafter: str) -> Counter:
+    batch = BatchEngine(engine, max_batch=requests, prefill_rows=CONTEXT)
+    for i in range(requests):
+        batch.submit([5 + i, 9, 3, 5 + i, 9], drafter=drafter, k=3, max_new_tokens=12)  # (a fixed K: no timing)
+    batch.step()  # the prompts
+    assert len(batch.running) == requests and not any(t.pending for t in batch.running)
+    with CountOps() as counted:
+        batch.step()
+    return counted.ops
+
+
+@pytest.mark.parametrize("model,drafter", [("qwen2-gqa-bias", "none"), ("gemma3-windowed", "lookup")])  # gemma3:
+def test_a_passs_device_work_does_not_grow_with_its_requests(model, drafter, monkeypatch):  # soft-capped logits
+    unobserved_kernels(monkeypatch)
+    target = tiny_gpu_model(model)
+    engine = Engine(as_loaded(target, fake_tokenizer(target.config.vocab_size)), max_context=CONTEXT)
+    two, five = ops_of_a_decoding_pass(engine, 2, drafter), ops_of_a_decoding_pass(engine, 5, drafter)
+    assert five == two
+    assert two["aten.argmax.default"] == 1
