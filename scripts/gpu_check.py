@@ -28,6 +28,8 @@ if __name__ == "__main__" and "--tiny" in sys.argv:
 
 import torch
 
+from specdecode.gpu.gguf_blocks import BlockWeight
+
 SHAPES = {
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
@@ -138,10 +140,128 @@ def attach_if_cpu(model, tiny: bool):
 
 def weight_bytes(model) -> int:
     """Bytes a decode step reads: every layer matrix and the output head (an embedding row is negligible)."""
-    total = sum(p.numel() * p.element_size() for layer in model.layers for p in (layer.qkv, layer.out_proj,
-                                                                                layer.gate_up, layer.down))
+    def size(w):
+        return w.nbytes if isinstance(w, BlockWeight) else w.numel() * w.element_size()
+
+    total = sum(size(p) for layer in model.layers for p in (layer.qkv, layer.out_proj, layer.gate_up, layer.down))
     head = model.output_weight()
-    return total + head.numel() * 2
+    return total + (head.nbytes if isinstance(head, BlockWeight) else head.numel() * 2)
+
+
+# ---------------------------------------------------------------------- GGUF blocks in the product kernel
+# A Q4_K_M file's block types (the default target's), and the 0.5B draft file's (mostly Q5_0, a Q8_0 head)
+Q4_K_M = {"qkv": ("Q4_K", "Q4_K", "Q6_K"), "out_proj": ("Q4_K",), "gate_up": ("Q4_K", "Q4_K"), "down": ("Q6_K",),
+          "lm_head": ("Q6_K",)}
+Q5_0_FILE = {"qkv": ("Q5_0",) * 3, "out_proj": ("Q5_0",), "gate_up": ("Q5_0",) * 2, "down": ("Q5_0",),
+             "lm_head": ("Q8_0",)}
+
+
+def random_block_part(kind: int, first: int, rows: int, cols: int, device):
+    """A BlockPart of random quants and small scales made on the device (no raw blocks: only speed is measured)."""
+    from specdecode.gpu import gguf_blocks as gb
+
+    def quants(width, low=0, high=256, dtype=torch.uint8):
+        return torch.randint(low, high, (rows, width), dtype=dtype, device=device)
+
+    def halves(width, scale):
+        return (scale * (0.8 + 0.4 * torch.rand(rows, width, device=device))).half()
+
+    arrays = {gb.Q4_K: lambda: (quants(cols // 2), quants(cols // 32, 0, 64), quants(cols // 32, 0, 64),
+                                halves(cols // 256, 1e-3), halves(cols // 256, 7.5e-3)),
+              gb.Q6_K: lambda: (quants(cols // 2), quants(cols // 4), quants(cols // 16, -128, 128, torch.int8),
+                                halves(cols // 256, 1.8e-4)),
+              gb.Q5_0: lambda: (quants(cols // 2), quants(cols // 8), halves(cols // 32, 3e-3)),
+              gb.Q8_0: lambda: (quants(cols, -128, 128, torch.int8), halves(cols // 32, 4e-4))}[kind]()
+    return gb.BlockPart(kind, first, rows, arrays)
+
+
+def with_random_blocks(model, layout: dict):
+    """`model` with every matrix replaced by random blocks of the layout's types (part rows as the model's)."""
+    from specdecode.gpu import gguf_blocks as gb
+
+    c = model.config
+    rows = {"qkv": (c.q_size, c.kv_size, c.kv_size), "out_proj": (c.hidden_size,),
+            "gate_up": (c.intermediate_size, c.intermediate_size), "down": (c.hidden_size,), "lm_head": (c.vocab_size,)}
+    codes = {name: code for code, name in gb.NAMES.items()}
+    owners = [(f"layers.{i}.{name}", layer, name) for i, layer in enumerate(model.layers) for name in rows if name != "lm_head"]
+    for key, owner, name in owners + [("lm_head", model, "lm_head")]:
+        cols = (model.output_weight() if name == "lm_head" else getattr(owner, name)).shape[1]
+        runs = []  # neighbouring tensors of one type are one part, as the loader makes them
+        for kind, n in zip(layout[name], rows[name]):
+            if runs and runs[-1][0] == kind:
+                runs[-1][1] += n
+            else:
+                runs.append([kind, n])
+        parts, first = [], 0
+        for kind, n in runs:
+            parts.append(random_block_part(codes[kind], first, n, cols, model.device))
+            first += n
+        owner._parameters.pop(name, None)
+        setattr(owner, name, gb.BlockWeight(parts, cols))
+    torch.cuda.empty_cache() if model.device.type == "cuda" else None
+    return model
+
+
+def check_block_products(report, runner, tiny):
+    """Products over random raw blocks against the bfloat16 product of the same weights (ggml's dequantization),
+    at the production tiles: bitwise."""
+    import gguf
+    import numpy as np
+
+    from specdecode.gpu import gguf_blocks as gb
+
+    n, k = (128, 512) if tiny else (1536, 8960 // 256 * 256)
+    lines, data = [], {}
+    for kind in sorted(gb.BLOCKS):
+        per_block, size = gb.BLOCKS[kind]
+        rng = np.random.default_rng(kind)
+        raw = rng.integers(0, 256, size=(n, k // per_block, size), dtype=np.uint8)
+        for at in {gb.Q4_K: (0, 2), gb.Q6_K: (208,)}.get(kind, (0,)):
+            raw[..., at:at + 2] = rng.uniform(1e-4, 2e-2, size=raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
+        raw = raw.reshape(n, -1)
+        dense = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(kind)).reshape(n, k))
+        dense = dense.to(runner.model.device, torch.bfloat16)
+        weight = gb.block_weight([(kind, raw)], runner.model.device)
+        equal = []
+        for rows in (1, 8, 64):
+            x = torch.randn(rows, k, device=runner.model.device).to(torch.bfloat16)
+            equal.append(torch.equal(runner.product(x, weight)[0], runner.product(x, dense)[0]))
+        data[gb.NAMES[kind]] = all(equal)
+        lines.append(f"- {gb.NAMES[kind]} [{n}, {k}], 1, 8 and 64 rows: {'bitwise equal' if all(equal) else 'DIFFERENT'}")
+    report.section("GGUF blocks in the product kernel: products against the bfloat16 product of the same weights",
+                   lines, data)
+
+
+def block_speed(report, models, hfs, bandwidth, tiny):
+    """Plain decoding and verify blocks of models whose matrices are GGUF blocks, beside the bfloat16 models."""
+    check_block_products(report, models["1.5b"].exact_pass, tiny)
+    tokens = 4 if tiny else 128
+    lines = ["| shape | file's types | weights read per token | bandwidth bound | blocks: plain | % of bound |"
+             " bfloat16: plain | blocks / bfloat16 | 8-row verify block, in steps | rows exact |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    data = {}
+    for name, layout, label in (("1.5b", Q4_K_M, "Q4_K_M"), ("7b", Q4_K_M, "Q4_K_M"), ("0.5b", Q5_0_FILE, "Q5_0")):
+        if name not in hfs:
+            continue
+        layout, label = (Q5_0_FILE, "Q5_0") if tiny else (layout, label)  # tiny widths are not multiples of 256
+        model = attach_if_cpu(with_random_blocks(native(hfs[name], models[name].device), layout), tiny)
+        bound = bandwidth / weight_bytes(model)
+        ours, dense = plain_speed(model, tokens), plain_speed(models[name], tokens)
+        costs = block_costs(model, [1, 8])
+        tokens_in = torch.randint(0, model.config.vocab_size, (16,), device=model.device)
+        cache = model.new_cache(64)
+        steps = torch.cat([model(tokens_in[i:i + 1], cache) for i in range(16)])
+        exact = torch.equal(model(tokens_in, model.new_cache(64)), steps)
+        data[name] = dict(layout=label, bytes=weight_bytes(model), bound=bound, blocks=ours, bf16=dense,
+                          verify8=costs[8] / costs[1], exact=exact)
+        lines.append(f"| {name} | {label} | {weight_bytes(model) / 1e9:.2f} GB | {bound:.0f} tok/s | {ours:.1f} tok/s |"
+                     f" {100 * ours / bound:.0f}% | {dense:.1f} tok/s | {ours / dense:.2f}x | {costs[8] / costs[1]:.2f} |"
+                     f" {'16-row block = 16 steps, bitwise' if exact else 'DIFFERENT'} |")
+        del model, cache
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    lines.append("\n(random quants and scales in each file's block types; bfloat16: the same shape's model of the"
+                 " speed part)")
+    report.section("GGUF blocks in the product kernel: plain decoding", lines, data)
 
 
 # ---------------------------------------------------------------------- exactness
@@ -616,7 +736,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu-check-out")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU runs them through Triton's interpreter)")
-    parser.add_argument("--parts", default="exact,agree,7b,exact7b,speed,profile,cost,tiles")
+    parser.add_argument("--parts", default="exact,agree,7b,exact7b,speed,blocks,profile,cost,tiles")
     parser.add_argument("--budget", type=float, default=330.0,
                         help="seconds after which no further part starts (the parts run in order of importance)")
     args = parser.parse_args()
@@ -667,6 +787,7 @@ def main():
     if "7b" in models:
         run("exact7b", check_rows, report, models["7b"], "7B shape", args.tiny)
     run("speed", speed, report, models, hfs, bandwidth, args.tiny)
+    run("blocks", block_speed, report, models, hfs, bandwidth, args.tiny)
     run("profile", profile_pass, report, {k: v for k, v in models.items() if k != "0.5b"})
     run("cost", exactness_cost, report, models["1.5b"], "1.5B shape", device)
     if "7b" in models:

@@ -40,13 +40,16 @@ def parse_k(value) -> int | str:
 
 
 def draft_dtype(requested: str, target) -> str:
-    """int8 halves what a bfloat16 draft streams per token, but only the CPU kernel reads it directly."""
+    """int8 halves what a bfloat16 draft streams per token where a kernel reads the file's blocks: the CPU's int8
+    kernel, and on CUDA the Triton product (int8 there means the GGUF blocks, multiplied in bfloat16)."""
     if requested != "auto":
         return requested
     from . import kernels
 
-    on_cpu = getattr(target.model, "device", None) is not None and target.model.device.type == "cpu"
-    return "int8" if on_cpu and target.backend == "native" and kernels.load_kernel() is not None else "bfloat16"
+    device = getattr(getattr(target.model, "device", None), "type", None)
+    if target.backend == "native" and (device == "cuda" or (device == "cpu" and kernels.load_kernel() is not None)):
+        return "int8"
+    return "bfloat16"
 
 
 def default_draft_model(model: str, target) -> str | None:

@@ -11,18 +11,22 @@ import os
 
 def unavailable(model) -> str | None:
     """Why the Triton path cannot run this model where it is; None where it can."""
-    device = model.device.type
+    if model.int8:
+        return "int8 (GGUF blocks) matrices run on the CPU kernels"
+    return unavailable_for(model.config, model.device)
+
+
+def unavailable_for(config, device) -> str | None:
+    """Why the Triton path cannot run a model of this configuration on this device; None where it can."""
+    device = getattr(device, "type", str(device))
     if device != "cuda" and not (device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
         return f"the Triton path runs on CUDA devices (this model is on {device})"
     try:
         import triton  # noqa: F401
     except ImportError:
         return "Triton is not installed (pip install triton)"
-    c = model.config
-    if c.head_dim & (c.head_dim - 1) or c.head_dim < 16:
-        return f"the Triton attention takes head sizes that are powers of two, not {c.head_dim}"
-    if model.int8:
-        return "int8 (GGUF blocks) matrices run on the CPU kernels"
+    if config.head_dim & (config.head_dim - 1) or config.head_dim < 16:
+        return f"the Triton attention takes head sizes that are powers of two, not {config.head_dim}"
     return None
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .gguf_blocks import BlockPart, BlockWeight
 from .kv_pool import KVPool
 
 # Row-count buckets captured as CUDA graphs; a pass of more rows runs eagerly.
@@ -75,6 +76,8 @@ class ExactPass:
         c = model.config
         self.act_dtype = model.layers[0].qkv.dtype
         self.dot_f32 = interpreting() or self.act_dtype == torch.float32
+        # Weights rebuilt from GGUF blocks are rounded to bfloat16 on their bits where Triton's conversion truncates
+        self.round_by_bits = interpreting()
         self.group = c.n_heads // c.n_kv_heads
         self.group_pad = max(16, triton_next_pow2(self.group))
         self.graphs = model.device.type == "cuda" if graphs is None else graphs
@@ -155,10 +158,14 @@ class ExactPass:
         split = t.split_size(k)
         splits = -(-k // split)
         part = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
-        grid = (-(-rows // t.block_m), -(-n // t.block_n), splits)
-        self.k.linear_partial_kernel[grid](x, weight, part, rows, n, k, split, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-                                           BLOCK_K=t.block_k, DOT_F32=self.dot_f32, num_warps=t.warps,
-                                           num_stages=t.stages)
+        # A matrix of GGUF blocks: one launch per run of one block type, each writing its columns of part
+        parts = weight.parts if isinstance(weight, BlockWeight) else [BlockPart(0, 0, n, (weight,) * 6)]
+        for p in parts:
+            grid = (-(-rows // t.block_m), -(-p.rows // t.block_n), splits)
+            self.k.linear_partial_kernel[grid](x, *p.kernel_arrays(), part, rows, p.rows, k, p.first, n, split,
+                                               BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, KIND=p.kind,
+                                               DOT_F32=self.dot_f32, ROUND_BY_BITS=self.round_by_bits,
+                                               num_warps=t.warps, num_stages=t.stages)
         return part, splits
 
     def _attention(self, layer, index: int, h: torch.Tensor, meta: torch.Tensor, pool: KVPool) -> torch.Tensor:

@@ -26,11 +26,83 @@ def _dot(a, b, acc, DOT_F32: tl.constexpr):
     return tl.dot(a, b, acc)
 
 
+@triton.jit
+def _spread(v, ROWS: tl.constexpr, GROUPS: tl.constexpr, WIDTH: tl.constexpr):
+    """[ROWS, GROUPS] -> [ROWS, GROUPS * WIDTH], each value repeated WIDTH times in place."""
+    return tl.reshape(tl.broadcast_to(tl.expand_dims(v, 2), (ROWS, GROUPS, WIDTH)), (ROWS, GROUPS * WIDTH))
+
+
+@triton.jit
+def _nibbles(packed, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """Bytes [ROWS, WIDTH / 2] holding two 4-bit values each (low nibble first) -> [ROWS, WIDTH] uint8."""
+    return tl.reshape(tl.join(packed & 0x0F, packed >> 4), (ROWS, WIDTH))
+
+
+@triton.jit
+def _block_weights(q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, cols, k0, N, K, KIND: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Weights [BLOCK_N, BLOCK_K] of rows `cols`, columns k0.. of a GGUF-block matrix (gguf_blocks.py's arrays),
+    in float32 by ggml's formulas (exact here: see gguf_blocks.py). Rows past N and columns past K give 0."""
+    ok = (cols < N) & (k0 < K)
+    row = cols[:, None]
+    valid = ok[:, None]
+    if KIND == 6:  # Q5_0: d * (q - 16), q = 4 low bits | top bit << 4, d per 32
+        packed = tl.load(q_ptr + row * (K // 2) + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=valid, other=0)
+        octets = tl.load(hi_ptr + row * (K // 8) + k0 // 8 + tl.arange(0, BLOCK_K // 8)[None, :], mask=valid, other=0)
+        b0, b1, b2, b3 = octets & 1, (octets >> 1) & 1, (octets >> 2) & 1, (octets >> 3) & 1
+        b4, b5, b6, b7 = (octets >> 4) & 1, (octets >> 5) & 1, (octets >> 6) & 1, octets >> 7
+        # three nested joins flatten to b0 .. b7 in place (see Q6_K's two)
+        top = tl.reshape(tl.join(tl.join(tl.join(b0, b4), tl.join(b2, b6)), tl.join(tl.join(b1, b5), tl.join(b3, b7))),
+                         (BLOCK_N, BLOCK_K))
+        q = (_nibbles(packed, BLOCK_N, BLOCK_K) | (top << 4)).to(tl.int32) - 16
+        d = tl.load(d_ptr + row * (K // 32) + k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :], mask=valid, other=0)
+        w = q.to(tl.float32) * _spread(d.to(tl.float32), BLOCK_N, BLOCK_K // 32, 32)
+    elif KIND == 8:  # Q8_0: d * q, d per 32
+        q = tl.load(q_ptr + row * K + k0 + tl.arange(0, BLOCK_K)[None, :], mask=valid, other=0)
+        d = tl.load(d_ptr + row * (K // 32) + k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :], mask=valid, other=0)
+        w = q.to(tl.float32) * _spread(d.to(tl.float32), BLOCK_N, BLOCK_K // 32, 32)
+    elif KIND == 12:  # Q4_K: (d sc) q - (dmin m), sc and m per 32, d and dmin per 256
+        packed = tl.load(q_ptr + row * (K // 2) + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=valid, other=0)
+        subs = k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :]
+        sc = tl.load(sc_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
+        mn = tl.load(mn_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
+        d = tl.load(d_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
+        dmin = tl.load(dmin_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
+        q = _nibbles(packed, BLOCK_N, BLOCK_K).to(tl.float32)
+        w = q * _spread(d * sc, BLOCK_N, BLOCK_K // 32, 32) - _spread(dmin * mn, BLOCK_N, BLOCK_K // 32, 32)
+    else:  # Q6_K: (d sc) (q - 32), q = 4 low bits | 2 high bits << 4, sc per 16, d per 256
+        packed = tl.load(q_ptr + row * (K // 2) + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=valid, other=0)
+        quads = tl.load(hi_ptr + row * (K // 4) + k0 // 4 + tl.arange(0, BLOCK_K // 4)[None, :], mask=valid, other=0)
+        # join(join(v0, v2), join(v1, v3)) flattens to v0 v1 v2 v3: four 2-bit values in place
+        high = tl.reshape(tl.join(tl.join(quads & 3, (quads >> 4) & 3), tl.join((quads >> 2) & 3, quads >> 6)),
+                          (BLOCK_N, BLOCK_K))
+        q = (_nibbles(packed, BLOCK_N, BLOCK_K) | (high << 4)).to(tl.int32) - 32
+        subs = k0 // 16 + tl.arange(0, BLOCK_K // 16)[None, :]
+        sc = tl.load(sc_ptr + row * (K // 16) + subs, mask=valid, other=0).to(tl.float32)
+        d = tl.load(d_ptr + row * (K // 256) + subs // 16, mask=valid, other=0).to(tl.float32)
+        w = q.to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 16, 16)
+    return tl.where(valid, w, 0.0)
+
+
+@triton.jit
+def _to_bfloat16(w, BY_BITS: tl.constexpr):
+    """float32 -> bfloat16, rounded to nearest even as torch rounds a load-time copy. The GPU's conversion does
+    that; Triton's interpreter truncates, so there (BY_BITS) the rounding is done on the bits."""
+    if BY_BITS:
+        bits = w.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return w.to(tl.bfloat16)
+
+
 @triton.jit(do_not_specialize=["M"])
-def linear_partial_kernel(x_ptr, w_ptr, part_ptr, M, N, K, SPLIT: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          DOT_F32: tl.constexpr):
-    """part[s, m, n] = sum over k in split s of x[m, k] * w[n, k]: x [M, K], w [N, K] row-major, part float32."""
+def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, part_ptr, M, N, K, COL0, NT,
+                          SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          KIND: tl.constexpr, DOT_F32: tl.constexpr, ROUND_BY_BITS: tl.constexpr):
+    """part[s, m, COL0 + n] = sum over k in split s of x[m, k] * w[n, k]: x [M, K], part float32 [splits, M, NT].
+    KIND 0: w [N, K] row-major (bfloat16 or float32; the other array arguments unused); a ggml type (6, 8, 12, 14):
+    w is a matrix of GGUF blocks in gguf_blocks.py's arrays, whose bfloat16 weights are rebuilt per tile, so the
+    same tiles, steps and dot multiply the same weights as over its bfloat16 copy."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -38,11 +110,16 @@ def linear_partial_kernel(x_ptr, w_ptr, part_ptr, M, N, K, SPLIT: tl.constexpr,
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(0, SPLIT, BLOCK_K):
-        ks = split * SPLIT + step + tl.arange(0, BLOCK_K)
+        k0 = split * SPLIT + step
+        ks = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
-        w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=(cols[:, None] < N) & (ks[None, :] < K), other=0.0)
+        if KIND == 0:
+            w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=(cols[:, None] < N) & (ks[None, :] < K), other=0.0)
+        else:
+            w = _to_bfloat16(_block_weights(w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, cols, k0, N, K, KIND,
+                                            BLOCK_N, BLOCK_K), ROUND_BY_BITS)
         acc = _dot(x.to(w.dtype), tl.trans(w), acc, DOT_F32)
-    out = part_ptr + split * M * N + rows[:, None] * N + cols[None, :]
+    out = part_ptr + split * M * NT + rows[:, None] * NT + COL0 + cols[None, :]
     tl.store(out, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 

@@ -51,7 +51,8 @@ class LoadedModel:
             quantized = f"; {self.requantized} matrices quantized to Q8_0 at load" if self.requantized else ""
             return f"int8 (GGUF blocks x int8 activations{quantized})"
         if getattr(self.model, "exact_pass", None) is not None:
-            return f"{self.dtype} on {self.model.device.type} (row-exact Triton kernels)"
+            blocks = f"; {self.gguf_blocks} matrices multiplied from their GGUF blocks" if self.gguf_blocks else ""
+            return f"{self.dtype} on {self.model.device.type} (row-exact Triton kernels{blocks})"
         return f"{self.dtype}, from GGUF blocks" if self.gguf_blocks else self.dtype
 
     @property
@@ -397,6 +398,8 @@ def load_model(
     if path.is_file() and backend != "transformers":
         _check_gguf_header(path)  # a bad file is reported before the kernel is compiled for it
         folder = convert_gguf(path)
+    # On a GPU the file's own blocks (where the Triton kernel reads their type) stand for int8
+    gpu_blocks = dtype in QUANTIZED and device.type == "cuda"
     dtype = _available_precision(dtype, device)
     if dtype in QUANTIZED:
         kernels.check_quant_isa()  # an instruction set this CPU lacks fails here, not in every request
@@ -405,7 +408,7 @@ def load_model(
     if path.is_file():
         if backend == "transformers":
             raise ModelError("the transformers backend needs a Hugging Face folder, not a GGUF file")
-        model, tokenizer, blocks, requantized = _load_gguf_native(path, folder, device, dtype, max_context)
+        model, tokenizer, blocks, requantized = _load_gguf_native(path, folder, device, dtype, max_context, gpu_blocks)
         used_backend = "native"
     elif path.is_dir():
         model, tokenizer, used_backend, requantized = _load_folder(path, device, dtype, max_context, backend)
@@ -424,18 +427,34 @@ def files_identity(path: Path) -> str:
     return "\n".join(f"{f} {f.stat().st_size} {f.stat().st_mtime_ns}" for f in files if f.is_file())
 
 
-def _load_gguf_native(path: Path, folder: Path, device, dtype: str, max_context):
-    """(model, tokenizer, matrices reading GGUF blocks in float32, matrices requantized to Q8_0) of a converted file."""
+def _load_gguf_native(path: Path, folder: Path, device, dtype: str, max_context, gpu_blocks: bool = False):
+    """(model, tokenizer, matrices reading GGUF blocks, matrices requantized to Q8_0) of a converted file;
+    gpu_blocks: the Triton kernels multiply from the blocks of every matrix whose types they read."""
     config = ModelConfig(**json.loads((folder / "config.json").read_text()))
     positions = min(max_context or config.context_length, config.context_length)
-    requantized = 0
+    requantized = blocks = 0
     if dtype in QUANTIZED:
         model, requantized = _load_gguf_int8(path, folder, device, positions, requantize=dtype == "q8_0")
         model = _finish_native(model, torch.float32, dtype)
+    elif gpu_blocks and gpu_unavailable(config, device) is None:
+        from ..gpu import gguf_blocks
+
+        readable = gguf_blocks.gpu_readable(_read_blocks(path, folder, config))
+        skip = frozenset(readable) - ({"lm_head"} if config.tie_embeddings else set())
+        model = _load_converted(folder, path, device, DTYPES[dtype], positions, skip=skip)
+        blocks = gguf_blocks.attach(model, readable)
+        model = _finish_native(model, DTYPES[dtype])
     else:
         model = _finish_native(_load_converted(folder, path, device, DTYPES[dtype], positions), DTYPES[dtype])
-    blocks = _attach_blocks(model, path, folder) if dtype == "float32" and kernels.gguf_blocks_enabled(device) else 0
+    if dtype == "float32" and kernels.gguf_blocks_enabled(device):
+        blocks = _attach_blocks(model, path, folder)
     return model, Tokenizer.from_hf(_load_hf_tokenizer(folder / "tokenizer")), blocks, requantized
+
+
+def gpu_unavailable(config: ModelConfig, device) -> str | None:
+    from ..gpu import unavailable_for
+
+    return unavailable_for(config, device)
 
 
 def _load_folder(path: Path, device, dtype: str, max_context, backend: str):
@@ -477,8 +496,8 @@ def _available_precision(dtype: str, device: torch.device) -> str:
     """int8 where its CPU kernel runs; on a GPU the same weights dequantized to bfloat16 (the Triton kernels' input);
     elsewhere (no compiler) the same model in float32."""
     if dtype in QUANTIZED and device.type == "cuda":
-        print("specdecode: on cuda the GGUF blocks are dequantized to bfloat16 (int8 is the CPU kernels' precision)",
-              file=sys.stderr)
+        print("specdecode: on cuda the Triton kernels multiply Q4_K, Q6_K and Q8_0 matrices from their GGUF blocks"
+              " and other types from bfloat16 copies, in bfloat16 (int8 is the CPU kernels' precision)", file=sys.stderr)
         return "bfloat16"
     if dtype in QUANTIZED and (device.type != "cpu" or kernels.load_kernel() is None):
         where = f"on {device.type}" if device.type != "cpu" else kernels.kernel_status()
