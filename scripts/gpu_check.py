@@ -265,6 +265,34 @@ def block_speed(report, models, hfs, bandwidth, tiny):
 
 
 # ---------------------------------------------------------------------- exactness
+def repeat_and_unfused(model, block, prompt: int, cache, repeats: int) -> list[str]:
+    """The block again and again (which split of a product tile, or segment of a row's attention, arrives last
+    varies from run to run; the order of the sum must not), and with the consumers' own split sums and the merge
+    kernel: each must give the first run's bits."""
+    import dataclasses
+
+    from specdecode.gpu.exact_pass import ExactPass
+
+    def run():
+        cache.truncate(prompt)
+        return model(block, cache)
+
+    first, bad = run(), []
+    if any(not torch.equal(run(), first) for _ in range(repeats)):
+        bad.append(f"the {len(block)}-row block run again")
+    saved = model.exact_pass
+    model.exact_pass = ExactPass(model, dataclasses.replace(saved.tiles, fused_sums=False))
+    try:
+        plain = model.new_cache(cache.max_len)
+        plain.keys.copy_(cache.keys), plain.values.copy_(cache.values)
+        plain.length = prompt
+        if not torch.equal(model(block, plain), first):
+            bad.append("splits summed by the consumers")
+    finally:
+        model.exact_pass = saved
+    return bad
+
+
 def check_rows(report, model, name, tiny):
     """Blocks of 1..64 rows and a 100-row prompt chunk against single steps; batches of 1..16 sequences."""
     from specdecode.models.transformer import Segment
@@ -286,6 +314,8 @@ def check_rows(report, model, name, tiny):
             bad.append(f"block of {rows}")
     if not torch.equal(cache.keys[:, :, : len(tokens)], ref_keys):
         bad.append("cached keys")
+    repeats = 5 if tiny else 50
+    bad += repeat_and_unfused(model, tokens[prompt:].to(model.device), prompt, cache, repeats)
     # batches: b sequences (decode steps, verify blocks and a prompt chunk mixed) against each alone
     batch_bad = []
     for b in (1, 3) if tiny else (1, 2, 4, 8, 12, 16):
@@ -305,7 +335,8 @@ def check_rows(report, model, name, tiny):
                 batch_bad.append(f"batch of {b}: sequence {i}")
     ok = not bad and not batch_bad
     report.section(f"exact rows ({name})", [
-        f"- blocks of 1..{longest} rows and a {prompt}-row prompt chunk vs single steps, bitwise: "
+        f"- blocks of 1..{longest} rows and a {prompt}-row prompt chunk vs single steps, the {longest}-row block again"
+        f" {repeats} times and with split sums and attention merges unfused, bitwise: "
         + ("all equal" if not bad else "DIFFER: " + ", ".join(bad)),
         "- batches of 1, 2, 4, 8, 12, 16 sequences (steps, blocks of 4-33 rows) vs each alone: "
         + ("all equal" if not batch_bad else "DIFFER: " + ", ".join(batch_bad[:10]))],
@@ -504,13 +535,15 @@ def exactness_cost(report, model, name, device):
         data[rows] = dict(ours=ours, cublas=theirs, attention=attn, sdpa=sdpa)
         lines.append(f"| {rows} | {ours * 1e6:.1f} us | {theirs * 1e6:.1f} us | {ours / theirs:.2f} |"
                      f" {attn * 1e6:.1f} us | {sdpa * 1e6:.1f} us | {attn / sdpa:.2f} |")
-    lines.append("\n(CUDA graph replays of 10 calls each; ours adds each product's splits back in order, which the"
-                 " real pass fuses into the next kernel; SDPA without the causal mask of a block)")
+    lines.append("\n(CUDA graph replays of 10 calls each; ours adds each product's splits back in order, in the"
+                 " product's last split of each tile; SDPA without the causal mask of a block)")
     report.section(f"cost of exactness ({name})", lines, data)
 
 
 def product_and_sum(runner, x, weight):
     part, splits = runner.product(x, weight)
+    if splits == 1:  # the product's last splits summed it (Tiles.fused_sums)
+        return part[0]
     rows, n = x.shape[0], weight.shape[0]
     out = torch.empty(rows, n, dtype=torch.float32, device=x.device)
     runner.k.reduce_kernel[(rows, -(-n // 1024))](part, part, out, rows, n, splits, HAS_BIAS=False, BLOCK=1024)
@@ -629,9 +662,12 @@ def check_against_transformers(report, model, hf, name):
 # (The H200 sweep of docs/bench/gpu-h200 found the 7B shape fastest with longer splits and 4 stages together, the
 # 1.5B shape slower so: each of the two apart tells which one moves which shape. Variants that lost on both shapes
 # there, 128-deep steps with 512-long splits and 8 warps, are left out.)
-PASS_VARIANTS = [(64, 64, 512, 4, 3, 64), (64, 64, 512, 4, 3, 256), (128, 64, 512, 4, 3, 64), (64, 64, 1024, 4, 3, 64),
-                 (64, 64, 512, 4, 4, 64), (64, 64, 1024, 4, 4, 64), (128, 64, 1024, 4, 3, 64),
-                 (64, 128, 1024, 4, 3, 64), (128, 128, 1024, 4, 4, 64)]
+# The last field: each product's last split adds the splits (Tiles.fused_sums), or the consumers do, one program
+# a row (the former default, whose per-row sums of long reductions cost the 7B shape ~10% of its step).
+PASS_VARIANTS = [(64, 64, 512, 4, 3, 64, True), (64, 64, 512, 4, 3, 64, False), (64, 64, 512, 4, 3, 256, True),
+                 (128, 64, 512, 4, 3, 64, True), (64, 64, 1024, 4, 3, 64, True), (64, 64, 512, 4, 4, 64, True),
+                 (64, 64, 1024, 4, 4, 64, True), (128, 64, 1024, 4, 3, 64, True), (64, 128, 1024, 4, 3, 64, True),
+                 (128, 128, 1024, 4, 4, 64, True)]
 
 
 def tile_sweep(report, models, bandwidth, tiny):
@@ -639,13 +675,13 @@ def tile_sweep(report, models, bandwidth, tiny):
     the defaults by measurement."""
     from specdecode.gpu.exact_pass import ExactPass, Tiles
 
-    lines = ["| block_n | block_k | max split | warps | stages | attention split | " + " | ".join(
-        f"{name} 1 row | {name} 8 rows" for name in models) + " |", "|---" * (6 + 2 * len(models)) + "|"]
+    lines = ["| block_n | block_k | max split | warps | stages | attention split | fused sums | " + " | ".join(
+        f"{name} 1 row | {name} 8 rows" for name in models) + " |", "|---" * (7 + 2 * len(models)) + "|"]
     data = []
     for variant in PASS_VARIANTS[:2] if tiny else PASS_VARIANTS:
-        block_n, block_k, max_split, warps, stages, attn_split = variant
+        block_n, block_k, max_split, warps, stages, attn_split, fused = variant
         tiles = Tiles(block_n=block_n, block_k=block_k, max_split=max_split, warps=warps, stages=stages,
-                      attn_split=attn_split)
+                      attn_split=attn_split, fused_sums=fused)
         cells = []
         for model in models.values():
             saved, model.exact_pass = model.exact_pass, ExactPass(model, tiles)

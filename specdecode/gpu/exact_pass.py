@@ -48,6 +48,10 @@ class Tiles:
     # down projection ran slower so, with blocks of 1024 (4 programs a row); narrower blocks are untried.
     serial_sum_limit: int = 1 << 62
     sum_block: int = 128
+    # The last split of each product tile adds the tile's splits (in order) where the product has several, so the
+    # consumers read one sum per row instead of one program per row reading every split; the last segment of a
+    # row's attention merges the segments (in order), so no merge kernel is launched (triton_kernels.py).
+    fused_sums: bool = True
 
     def split_size(self, k: int) -> int:
         """Reduction length of one split of a product over k: from k alone (about k/8, so that small row counts
@@ -88,6 +92,10 @@ class ExactPass:
         # The largest prompt chunk an engine feeds one pass: the partial sums of the splits and of the attention
         # segments grow with the rows.
         self.max_rows = 128
+        # Arrival counts of fused split sums: enough for 4,096 rows of the widest product (the head)
+        widest = max(c.vocab_size, c.q_size + 2 * c.kv_size, 2 * c.intermediate_size)
+        self._counts = [torch.zeros(-(-4096 // tiles.block_m) * -(-widest // tiles.block_n), dtype=torch.int32,
+                                    device=model.device)]
 
     # ------------------------------------------------------------------ caches
     def new_cache(self, max_len: int):
@@ -158,15 +166,25 @@ class ExactPass:
         split = t.split_size(k)
         splits = -(-k // split)
         part = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
+        fuse = t.fused_sums and splits > 1
+        summed = torch.empty(1, rows, n, dtype=torch.float32, device=x.device) if fuse else part
         # A matrix of GGUF blocks: one launch per run of one block type, each writing its columns of part
         parts = weight.parts if isinstance(weight, BlockWeight) else [BlockPart(0, 0, n, (weight,) * 6)]
         for p in parts:
             grid = (-(-rows // t.block_m), -(-p.rows // t.block_n), splits)
-            self.k.linear_partial_kernel[grid](x, *p.kernel_arrays(), part, rows, p.rows, k, p.first, n, split,
-                                               BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, KIND=p.kind,
-                                               DOT_F32=self.dot_f32, ROUND_BY_BITS=self.round_by_bits,
-                                               num_warps=t.warps, num_stages=t.stages)
-        return part, splits
+            counts = self._arrivals(grid[0] * grid[1], x.device)
+            self.k.linear_partial_kernel[grid](x, *p.kernel_arrays(), part, summed, counts, rows, p.rows, k, p.first,
+                                               n, splits, split, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                                               KIND=p.kind, DOT_F32=self.dot_f32, ROUND_BY_BITS=self.round_by_bits,
+                                               FUSE_SUM=fuse, num_warps=t.warps, num_stages=t.stages)
+        return (summed, 1) if fuse else (part, splits)
+
+    def _arrivals(self, tiles: int, device) -> torch.Tensor:
+        """The products' arrival counts (int32 zeros; every launch leaves them zero, so launches share them). A
+        larger set replaces a smaller one but the smaller stays alive: captured graphs point at it."""
+        if self._counts[-1].numel() < tiles:
+            self._counts.append(torch.zeros(max(tiles, 2 * self._counts[-1].numel()), dtype=torch.int32, device=device))
+        return self._counts[-1]
 
     def _attention(self, layer, index: int, h: torch.Tensor, meta: torch.Tensor, pool: KVPool) -> torch.Tensor:
         """QKV product, q/k norms, rotary embedding, cache writes and attention of every row: [rows, H * D]."""
@@ -199,13 +217,14 @@ class ExactPass:
         depth = meta[META:]
         common = dict(H=c.n_heads, HKV=c.n_kv_heads, GROUP=self.group, GROUP_PAD=self.group_pad, D=c.head_dim,
                       SPLIT=t.attn_split, SEGMENTS=segments)
+        out = torch.empty(rows, c.q_size, dtype=self.act_dtype, device=q.device)
         self.k.attention_partial_kernel[(rows, c.n_kv_heads, segments)](
             q, keys, values, meta[SLOT], meta[POS], meta[KEYS], meta[PREFIX], depth, depth.stride(0), m, total, acc,
-            keys.stride(0), keys.stride(1), rows, scale, layer.window, CHUNK=t.attn_chunk, DOT_F32=self.dot_f32,
-            **common)
-        out = torch.empty(rows, c.q_size, dtype=self.act_dtype, device=q.device)
-        self.k.attention_merge_kernel[(rows, c.n_kv_heads)](m, total, acc, meta[POS], meta[KEYS], out, rows,
-                                                            layer.window, **common)
+            out, self._arrivals(rows * c.n_kv_heads, q.device), keys.stride(0), keys.stride(1), rows, scale,
+            layer.window, CHUNK=t.attn_chunk, DOT_F32=self.dot_f32, FUSE_MERGE=t.fused_sums, **common)
+        if not t.fused_sums:
+            self.k.attention_merge_kernel[(rows, c.n_kv_heads)](m, total, acc, meta[POS], meta[KEYS], out, rows,
+                                                                layer.window, **common)
         return out
 
     def _mlp(self, layer, index: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -250,6 +269,8 @@ class ExactPass:
         weight = model._subset_head if model._subset_head is not None else model.output_weight()
         weight = weight if weight.dtype == self.act_dtype else self._head_copy(weight)
         part, splits = self.product(h, weight)
+        if splits == 1:  # summed already (a sum never ends at -0.0, so adding it to 0.0 would change no bit)
+            return part[0]
         rows, n = h.shape[0], weight.shape[0]
         logits = torch.empty(rows, n, dtype=torch.float32, device=h.device)
         width = min(self.tiles.elementwise, triton_next_pow2(n))

@@ -96,13 +96,18 @@ def _to_bfloat16(w, BY_BITS: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M"])
-def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, part_ptr, M, N, K, COL0, NT,
-                          SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          KIND: tl.constexpr, DOT_F32: tl.constexpr, ROUND_BY_BITS: tl.constexpr):
-    """part[s, m, COL0 + n] = sum over k in split s of x[m, k] * w[n, k]: x [M, K], part float32 [splits, M, NT].
+def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, part_ptr, sum_ptr, count_ptr,
+                          M, N, K, COL0, NT, SPLITS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, KIND: tl.constexpr, DOT_F32: tl.constexpr,
+                          ROUND_BY_BITS: tl.constexpr, FUSE_SUM: tl.constexpr):
+    """part[s, m, COL0 + n] = sum over k in split s of x[m, k] * w[n, k]: x [M, K], part float32 [SPLITS, M, NT].
     KIND 0: w [N, K] row-major (bfloat16 or float32; the other array arguments unused); a ggml type (6, 8, 12, 14):
     w is a matrix of GGUF blocks in gguf_blocks.py's arrays, whose bfloat16 weights are rebuilt per tile, so the
-    same tiles, steps and dot multiply the same weights as over its bfloat16 copy."""
+    same tiles, steps and dot multiply the same weights as over its bfloat16 copy.
+
+    FUSE_SUM: the last split of a tile to finish (an arrival count per tile in count_ptr, zero before and after
+    the launch) also adds the tile's splits, in ascending order as every consumer would, into sum [M, NT]. Which
+    program does it depends on timing; the sum's order does not, so its bits are the consumer's own."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -119,8 +124,18 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
             w = _to_bfloat16(_block_weights(w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, cols, k0, N, K, KIND,
                                             BLOCK_N, BLOCK_K), ROUND_BY_BITS)
         acc = _dot(x.to(w.dtype), tl.trans(w), acc, DOT_F32)
-    out = part_ptr + split * M * NT + rows[:, None] * NT + COL0 + cols[None, :]
-    tl.store(out, acc, mask=(rows[:, None] < M) & (cols[None, :] < N))
+    inside = (rows[:, None] < M) & (cols[None, :] < N)
+    at = rows[:, None] * NT + COL0 + cols[None, :]
+    tl.store(part_ptr + split * M * NT + at, acc, mask=inside)
+    if FUSE_SUM:
+        tile = count_ptr + pid_m * tl.num_programs(1) + pid_n
+        tl.debug_barrier()  # every thread's partial sums stored before the arrival is counted (released)
+        if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in range(0, SPLITS):  # ".cg": read from L2, where the other programs' stores are
+                total += tl.load(part_ptr + s * M * NT + at, mask=inside, other=0.0, cache_modifier=".cg")
+            tl.store(sum_ptr + at, total, mask=inside)
+            tl.atomic_xchg(tile, 0)  # zero again for the next launch (and the next replay of a graph)
 
 
 @triton.jit
@@ -251,17 +266,20 @@ def qkv_finish_kernel(part_ptr, bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_p
 
 @triton.jit(do_not_specialize=["M"])
 def attention_partial_kernel(q_ptr, k_pool_ptr, v_pool_ptr, slot_ptr, pos_ptr, keys_ptr, prefix_ptr, anc_ptr,
-                             anc_stride, m_ptr, l_ptr, acc_ptr, slot_stride, head_stride, M, scale, WINDOW,
-                             H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                             D: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr, SEGMENTS: tl.constexpr,
-                             DOT_F32: tl.constexpr):
+                             anc_stride, m_ptr, l_ptr, acc_ptr, out_ptr, count_ptr, slot_stride, head_stride, M, scale,
+                             WINDOW, H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
+                             GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr,
+                             SEGMENTS: tl.constexpr, DOT_F32: tl.constexpr, FUSE_MERGE: tl.constexpr):
     """One segment of one row's attention for the GROUP query heads of one kv head: keys at logical positions
     [s SPLIT, (s+1) SPLIT) that the row sees, in chunks of CHUNK with an online softmax; writes the segment's
     running max m, sum l and weighted values acc (float32, [M, HKV, SEGMENTS, GROUP_PAD(, D)]).
 
     Row r sees logical positions 0..keys[r]-1 (and, with a window, none before pos - WINDOW + 1); position p sits
     in cache entry p below prefix[r], else in entry anc[r, p - prefix[r]] (a token tree's ancestors; a chain has
-    prefix = keys). Segments the row does not reach write nothing; the merge skips them."""
+    prefix = keys). Segments the row does not reach write nothing; the merge skips them.
+
+    FUSE_MERGE: the last of a row's and kv head's segment programs to finish (an arrival count each in count_ptr,
+    zero before and after the launch) merges the segments into out, in ascending order whichever program it is."""
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
@@ -300,15 +318,21 @@ def attention_partial_kernel(q_ptr, k_pool_ptr, v_pool_ptr, slot_ptr, pos_ptr, k
         tl.store(m_ptr + at * GROUP_PAD + group, m_i)
         tl.store(l_ptr + at * GROUP_PAD + group, l_i)
         tl.store(acc_ptr + (at * GROUP_PAD + group)[:, None] * D + dims[None, :], acc)
+    if FUSE_MERGE:
+        arrivals = count_ptr + row * HKV + kv_head
+        tl.debug_barrier()  # every thread's stores before the arrival is counted (released)
+        if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == SEGMENTS - 1:
+            _merge_segments(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, row, kv_head, WINDOW, H, HKV, GROUP,
+                            GROUP_PAD, D, SPLIT, SEGMENTS)
+            tl.atomic_xchg(arrivals, 0)  # zero again for the next launch (and the next replay of a graph)
 
 
-@triton.jit(do_not_specialize=["M"])
-def attention_merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, M, WINDOW,
-                           H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                           D: tl.constexpr, SPLIT: tl.constexpr, SEGMENTS: tl.constexpr):
-    """A row's segments merged in ascending order (first their maximum, then the rescaled sums): out [M, H * D]."""
-    row = tl.program_id(0)
-    kv_head = tl.program_id(1)
+@triton.jit
+def _merge_segments(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, row, kv_head, WINDOW, H: tl.constexpr,
+                    HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                    SPLIT: tl.constexpr, SEGMENTS: tl.constexpr):
+    """A row's segments merged in ascending order (first their maximum, then the rescaled sums) into out [M, H * D].
+    Loads through L2 (".cg"): where the merge is fused into the partial kernel, other programs wrote them."""
     n_keys = tl.load(keys_ptr + row)
     pos = tl.load(pos_ptr + row)
     lowest = tl.where(WINDOW > 0, pos - WINDOW + 1, 0)
@@ -318,20 +342,30 @@ def attention_merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, M,
     top = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
     for segment in range(SEGMENTS):
         used = (segment * SPLIT < n_keys) & (segment * SPLIT + SPLIT > lowest)
-        top = tl.maximum(top, tl.load(m_ptr + (first + segment) * GROUP_PAD + group, mask=used, other=float("-inf")))
+        top = tl.maximum(top, tl.load(m_ptr + (first + segment) * GROUP_PAD + group, mask=used, other=float("-inf"),
+                                      cache_modifier=".cg"))
     total = tl.zeros((GROUP_PAD,), dtype=tl.float32)
     acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
     for segment in range(SEGMENTS):
         used = (segment * SPLIT < n_keys) & (segment * SPLIT + SPLIT > lowest)
         at = (first + segment) * GROUP_PAD + group
-        m_s = tl.load(m_ptr + at, mask=used, other=float("-inf"))
+        m_s = tl.load(m_ptr + at, mask=used, other=float("-inf"), cache_modifier=".cg")
         weight = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - top))
         # Unused segments leave the sums as they are (not + 0, which could turn a -0.0 into +0.0): a row's bits
         # do not depend on how many segments its cache could hold.
-        total = tl.where(used, total + weight * tl.load(l_ptr + at, mask=used, other=0.0), total)
+        total = tl.where(used, total + weight * tl.load(l_ptr + at, mask=used, other=0.0, cache_modifier=".cg"), total)
         acc = tl.where(used, acc + weight[:, None] * tl.load(acc_ptr + at[:, None] * D + dims[None, :], mask=used,
-                                                            other=0.0), acc)
+                                                            other=0.0, cache_modifier=".cg"), acc)
     out = acc / total[:, None]
     heads = kv_head * GROUP + group
     tl.store(out_ptr + (row * H + heads)[:, None] * D + dims[None, :], out.to(out_ptr.dtype.element_ty),
              mask=(group < GROUP)[:, None])
+
+
+@triton.jit(do_not_specialize=["M"])
+def attention_merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, M, WINDOW,
+                           H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                           D: tl.constexpr, SPLIT: tl.constexpr, SEGMENTS: tl.constexpr):
+    """_merge_segments of one row and kv head (where the partial kernel does not merge them itself)."""
+    _merge_segments(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, tl.program_id(0), tl.program_id(1), WINDOW,
+                    H, HKV, GROUP, GROUP_PAD, D, SPLIT, SEGMENTS)

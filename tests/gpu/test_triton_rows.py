@@ -187,3 +187,35 @@ def test_the_test_tiles_split_every_product_and_the_attention():
     for k in (c.hidden_size, c.q_size, c.intermediate_size):
         assert -(-k // TEST_TILES.split_size(k)) > 1
     assert model.new_cache().max_len // TEST_TILES.attn_split >= 4
+
+
+# ------------------------------------------------------------------ fused split sums
+class SumsInReverse(ExactPass):
+    """Broken: a product's splits summed last to first."""
+
+    def product(self, x, weight):
+        self.tiles, saved = dataclasses.replace(self.tiles, fused_sums=False), self.tiles
+        try:
+            part, splits = super().product(x, weight)
+        finally:
+            self.tiles = saved
+        total = torch.zeros_like(part[0])
+        for split in reversed(range(splits)):
+            total += part[split]
+        return total[None], 1
+
+
+def fused_matches_unfused(pass_type) -> bool:
+    """A prompt block's logits with the splits summed by each product's last split against the consumers' sums."""
+    fused = tiny_gpu_model("gemma3-windowed", pass_type=pass_type)
+    plain = tiny_gpu_model("gemma3-windowed", tiles=dataclasses.replace(TEST_TILES, fused_sums=False))
+    tokens = tokens_for(plain, 6, seed=4)
+    return torch.equal(fused(tokens, fused.new_cache()), plain(tokens, plain.new_cache()))
+
+
+def test_sums_fused_into_the_products_are_the_consumers_sums():
+    assert TEST_TILES.fused_sums and fused_matches_unfused(ExactPass)
+
+
+def test_the_fused_sum_check_catches_another_order():
+    assert not fused_matches_unfused(SumsInReverse)
