@@ -772,7 +772,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu-check-out")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU runs them through Triton's interpreter)")
-    parser.add_argument("--parts", default="exact,agree,7b,exact7b,speed,blocks,profile,cost,tiles")
+    parser.add_argument("--parts", default="exact,agree,7b,exact7b,speed,cost,blocks,profile,tiles")
     parser.add_argument("--budget", type=float, default=330.0,
                         help="seconds after which no further part starts (the parts run in order of importance)")
     args = parser.parse_args()
@@ -823,11 +823,11 @@ def main():
     if "7b" in models:
         run("exact7b", check_rows, report, models["7b"], "7B shape", args.tiny)
     run("speed", speed, report, models, hfs, bandwidth, args.tiny)
-    run("blocks", block_speed, report, models, hfs, bandwidth, args.tiny)
-    run("profile", profile_pass, report, {k: v for k, v in models.items() if k != "0.5b"})
     run("cost", exactness_cost, report, models["1.5b"], "1.5B shape", device)
     if "7b" in models:
         run("cost", exactness_cost, report, models["7b"], "7B shape", device)
+    run("blocks", block_speed, report, models, hfs, bandwidth, args.tiny)
+    run("profile", profile_pass, report, {k: v for k, v in models.items() if k != "0.5b"})
     run("tiles", tile_sweep, report, {k: v for k, v in models.items() if k != "0.5b"}, bandwidth, args.tiny)
     print(f"done in {time.perf_counter() - started:.0f}s", flush=True)
 
