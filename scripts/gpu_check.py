@@ -216,7 +216,7 @@ def check_block_products(report, runner, tiny):
         per_block, size = gb.BLOCKS[kind]
         rng = np.random.default_rng(kind)
         raw = rng.integers(0, 256, size=(n, k // per_block, size), dtype=np.uint8)
-        for at in {gb.Q4_K: (0, 2), gb.Q6_K: (208,)}.get(kind, (0,)):
+        for at in gb.HALVES[kind]:
             raw[..., at:at + 2] = rng.uniform(1e-4, 2e-2, size=raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
         raw = raw.reshape(n, -1)
         dense = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(kind)).reshape(n, k))

@@ -39,48 +39,67 @@ def _nibbles(packed, ROWS: tl.constexpr, WIDTH: tl.constexpr):
 
 
 @triton.jit
+def _top_bits(octets, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """Bytes [ROWS, WIDTH / 8] holding eight 1-bit values each (bit j: value j) -> [ROWS, WIDTH] uint8."""
+    b0, b1, b2, b3 = octets & 1, (octets >> 1) & 1, (octets >> 2) & 1, (octets >> 3) & 1
+    b4, b5, b6, b7 = (octets >> 4) & 1, (octets >> 5) & 1, (octets >> 6) & 1, octets >> 7
+    # nested joins flatten in place: join(join(v0, v2), join(v1, v3)) is v0 v1 v2 v3, and one level deeper so
+    return tl.reshape(tl.join(tl.join(tl.join(b0, b4), tl.join(b2, b6)), tl.join(tl.join(b1, b5), tl.join(b3, b7))),
+                      (ROWS, WIDTH))
+
+
+@triton.jit
+def _per_group(ptr, row, k0, K, valid, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The float32 values [rows, BLOCK_K / GROUP] of an array holding one value per GROUP weights of a row."""
+    groups = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)[None, :]
+    return tl.load(ptr + row * (K // GROUP) + groups, mask=valid, other=0).to(tl.float32)
+
+
+@triton.jit
 def _block_weights(q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, cols, k0, N, K, KIND: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Weights [BLOCK_N, BLOCK_K] of rows `cols`, columns k0.. of a GGUF-block matrix (gguf_blocks.py's arrays),
     in float32 by ggml's formulas (exact here: see gguf_blocks.py). Rows past N and columns past K give 0."""
-    ok = (cols < N) & (k0 < K)
     row = cols[:, None]
-    valid = ok[:, None]
-    if KIND == 6:  # Q5_0: d * (q - 16), q = 4 low bits | top bit << 4, d per 32
+    valid = ((cols < N) & (k0 < K))[:, None]
+    if KIND == 8:  # Q8_0: d * q, d per 32
+        q = tl.load(q_ptr + row * K + k0 + tl.arange(0, BLOCK_K)[None, :], mask=valid, other=0).to(tl.float32)
+        w = q * _spread(_per_group(d_ptr, row, k0, K, valid, 32, BLOCK_K), BLOCK_N, BLOCK_K // 32, 32)
+    else:
         packed = tl.load(q_ptr + row * (K // 2) + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=valid, other=0)
-        octets = tl.load(hi_ptr + row * (K // 8) + k0 // 8 + tl.arange(0, BLOCK_K // 8)[None, :], mask=valid, other=0)
-        b0, b1, b2, b3 = octets & 1, (octets >> 1) & 1, (octets >> 2) & 1, (octets >> 3) & 1
-        b4, b5, b6, b7 = (octets >> 4) & 1, (octets >> 5) & 1, (octets >> 6) & 1, octets >> 7
-        # three nested joins flatten to b0 .. b7 in place (see Q6_K's two)
-        top = tl.reshape(tl.join(tl.join(tl.join(b0, b4), tl.join(b2, b6)), tl.join(tl.join(b1, b5), tl.join(b3, b7))),
-                         (BLOCK_N, BLOCK_K))
-        q = (_nibbles(packed, BLOCK_N, BLOCK_K) | (top << 4)).to(tl.int32) - 16
-        d = tl.load(d_ptr + row * (K // 32) + k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :], mask=valid, other=0)
-        w = q.to(tl.float32) * _spread(d.to(tl.float32), BLOCK_N, BLOCK_K // 32, 32)
-    elif KIND == 8:  # Q8_0: d * q, d per 32
-        q = tl.load(q_ptr + row * K + k0 + tl.arange(0, BLOCK_K)[None, :], mask=valid, other=0)
-        d = tl.load(d_ptr + row * (K // 32) + k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :], mask=valid, other=0)
-        w = q.to(tl.float32) * _spread(d.to(tl.float32), BLOCK_N, BLOCK_K // 32, 32)
-    elif KIND == 12:  # Q4_K: (d sc) q - (dmin m), sc and m per 32, d and dmin per 256
-        packed = tl.load(q_ptr + row * (K // 2) + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=valid, other=0)
-        subs = k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :]
-        sc = tl.load(sc_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
-        mn = tl.load(mn_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
-        d = tl.load(d_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
-        dmin = tl.load(dmin_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
-        q = _nibbles(packed, BLOCK_N, BLOCK_K).to(tl.float32)
-        w = q * _spread(d * sc, BLOCK_N, BLOCK_K // 32, 32) - _spread(dmin * mn, BLOCK_N, BLOCK_K // 32, 32)
-    else:  # Q6_K: (d sc) (q - 32), q = 4 low bits | 2 high bits << 4, sc per 16, d per 256
-        packed = tl.load(q_ptr + row * (K // 2) + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=valid, other=0)
-        quads = tl.load(hi_ptr + row * (K // 4) + k0 // 4 + tl.arange(0, BLOCK_K // 4)[None, :], mask=valid, other=0)
-        # join(join(v0, v2), join(v1, v3)) flattens to v0 v1 v2 v3: four 2-bit values in place
-        high = tl.reshape(tl.join(tl.join(quads & 3, (quads >> 4) & 3), tl.join((quads >> 2) & 3, quads >> 6)),
-                          (BLOCK_N, BLOCK_K))
-        q = (_nibbles(packed, BLOCK_N, BLOCK_K) | (high << 4)).to(tl.int32) - 32
-        subs = k0 // 16 + tl.arange(0, BLOCK_K // 16)[None, :]
-        sc = tl.load(sc_ptr + row * (K // 16) + subs, mask=valid, other=0).to(tl.float32)
-        d = tl.load(d_ptr + row * (K // 256) + subs // 16, mask=valid, other=0).to(tl.float32)
-        w = q.to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 16, 16)
+        q = _nibbles(packed, BLOCK_N, BLOCK_K)  # the low 4 bits of every type below
+        if KIND == 6 or KIND == 13:  # Q5_0, Q5_K: a fifth bit
+            octets = tl.load(hi_ptr + row * (K // 8) + k0 // 8 + tl.arange(0, BLOCK_K // 8)[None, :], mask=valid,
+                             other=0)
+            q = q | (_top_bits(octets, BLOCK_N, BLOCK_K) << 4)
+        if KIND == 14:  # Q6_K: two more bits
+            quads = tl.load(hi_ptr + row * (K // 4) + k0 // 4 + tl.arange(0, BLOCK_K // 4)[None, :], mask=valid,
+                            other=0)
+            # join(join(v0, v2), join(v1, v3)) flattens to v0 v1 v2 v3: four 2-bit values in place
+            pairs = tl.join(tl.join(quads & 3, (quads >> 4) & 3), tl.join((quads >> 2) & 3, quads >> 6))
+            q = q | (tl.reshape(pairs, (BLOCK_N, BLOCK_K)) << 4)
+        if KIND == 2 or KIND == 3 or KIND == 6:  # Q4_0: d (q - 8); Q4_1: d q + m; Q5_0: d (q - 16); per 32
+            d = _spread(_per_group(d_ptr, row, k0, K, valid, 32, BLOCK_K), BLOCK_N, BLOCK_K // 32, 32)
+            if KIND == 2:
+                w = (q.to(tl.int32) - 8).to(tl.float32) * d
+            elif KIND == 3:
+                w = q.to(tl.float32) * d + _spread(_per_group(dmin_ptr, row, k0, K, valid, 32, BLOCK_K), BLOCK_N,
+                                                   BLOCK_K // 32, 32)
+            else:
+                w = (q.to(tl.int32) - 16).to(tl.float32) * d
+        elif KIND == 14:  # Q6_K: (d sc) (q - 32), sc per 16, d per 256
+            subs = k0 // 16 + tl.arange(0, BLOCK_K // 16)[None, :]
+            sc = tl.load(sc_ptr + row * (K // 16) + subs, mask=valid, other=0).to(tl.float32)
+            d = tl.load(d_ptr + row * (K // 256) + subs // 16, mask=valid, other=0).to(tl.float32)
+            w = (q.to(tl.int32) - 32).to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 16, 16)
+        else:  # Q4_K, Q5_K: (d sc) q - (dmin m), sc and m per 32, d and dmin per 256
+            subs = k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :]
+            sc = tl.load(sc_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
+            mn = tl.load(mn_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
+            d = tl.load(d_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
+            dmin = tl.load(dmin_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
+            scale = _spread(d * sc, BLOCK_N, BLOCK_K // 32, 32)
+            w = q.to(tl.float32) * scale - _spread(dmin * mn, BLOCK_N, BLOCK_K // 32, 32)
     return tl.where(valid, w, 0.0)
 
 

@@ -496,7 +496,7 @@ def _available_precision(dtype: str, device: torch.device) -> str:
     """int8 where its CPU kernel runs; on a GPU the same weights dequantized to bfloat16 (the Triton kernels' input);
     elsewhere (no compiler) the same model in float32."""
     if dtype in QUANTIZED and device.type == "cuda":
-        print("specdecode: on cuda the Triton kernels multiply Q4_K, Q6_K and Q8_0 matrices from their GGUF blocks"
+        print("specdecode: on cuda the Triton kernels multiply Q4_0 to Q8_0 and Q4_K to Q6_K matrices from their GGUF blocks"
               " and other types from bfloat16 copies, in bfloat16 (int8 is the CPU kernels' precision)", file=sys.stderr)
         return "bfloat16"
     if dtype in QUANTIZED and (device.type != "cpu" or kernels.load_kernel() is None):

@@ -27,7 +27,7 @@ def random_blocks(kind: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     per_block, size = gguf_blocks.BLOCKS[kind]
     raw = rng.integers(0, 256, size=(rows, cols // per_block, size), dtype=np.uint8)
-    for at in {gguf_blocks.Q4_K: (0, 2), gguf_blocks.Q6_K: (208,)}.get(kind, (0,)):
+    for at in gguf_blocks.HALVES[kind]:
         scale = rng.uniform(1e-4, 2e-2, size=raw.shape[:2]).astype(np.float16)
         raw[..., at : at + 2] = scale[..., None].view(np.uint8)
     return raw.reshape(rows, -1)
@@ -116,8 +116,8 @@ def test_a_model_of_blocks_is_its_bfloat16_model_and_its_rows_are_exact():
 
 
 def test_a_gguf_file_loads_its_readable_matrices_as_blocks():
-    """SmolLM2's file: Q4_1 layers (dequantized to bfloat16) and a Q8_0 embedding, which the tied head reads as
-    blocks; the head's rows give the products of the bfloat16 copy a plain bfloat16 load makes."""
+    """SmolLM2's file: Q4_1 layers and a Q8_0 embedding, which the tied head reads as blocks; a layer's product and
+    the head's rows are the products of the bfloat16 copies a plain bfloat16 load makes."""
     from specdecode import registry
     from specdecode.models.loader import _load_gguf_native, convert_gguf
     from testlib import SMOLLM2
@@ -126,12 +126,12 @@ def test_a_gguf_file_loads_its_readable_matrices_as_blocks():
     folder = convert_gguf(path, quiet=True)
     model, _, blocks, _ = _load_gguf_native(path, folder, torch.device("cpu"), "bfloat16", 64, gpu_blocks=True)
     plain, _, none, _ = _load_gguf_native(path, folder, torch.device("cpu"), "bfloat16", 64)
-    assert (blocks, none) == (1, 0)
-    head = model.output_weight()
-    assert isinstance(head, gguf_blocks.BlockWeight) and head.kinds == ["Q8_0"]
-    assert model.layers[0].qkv.dtype == torch.bfloat16 and not isinstance(model.layers[0].qkv, gguf_blocks.BlockWeight)
+    assert (blocks, none) == (4 * model.config.n_layers + 1, 0)
+    head, qkv = model.output_weight(), model.layers[0].qkv
+    assert head.kinds == ["Q8_0"] and qkv.kinds == ["Q4_1"]
     runner = on_gpu_path(model, tiles=TILES).exact_pass
-    ids = torch.arange(0, model.config.vocab_size, 397)
     x = torch.randn(2, model.config.hidden_size).to(torch.bfloat16)
+    assert torch.equal(runner.product(x, qkv)[0], runner.product(x, plain.layers[0].qkv)[0])
+    ids = torch.arange(0, model.config.vocab_size, 397)
     expected = runner.product(x, plain.output_weight().index_select(0, ids).contiguous())[0]
     assert torch.equal(runner.product(x, head.index_select(0, ids))[0], expected)
