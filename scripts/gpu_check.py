@@ -186,16 +186,11 @@ def with_random_blocks(model, layout: dict):
     owners = [(f"layers.{i}.{name}", layer, name) for i, layer in enumerate(model.layers) for name in rows if name != "lm_head"]
     for key, owner, name in owners + [("lm_head", model, "lm_head")]:
         cols = (model.output_weight() if name == "lm_head" else getattr(owner, name)).shape[1]
-        runs = []  # neighbouring tensors of one type are one part, as the loader makes them
-        for kind, n in zip(layout[name], rows[name]):
-            if runs and runs[-1][0] == kind:
-                runs[-1][1] += n
-            else:
-                runs.append([kind, n])
         parts, first = [], 0
-        for kind, n in runs:
-            parts.append(random_block_part(codes[kind], first, n, cols, model.device))
-            first += n
+        # neighbouring tensors of one type are one part, as the loader makes them
+        for kind, counts in gb.runs([(codes[kind], n) for kind, n in zip(layout[name], rows[name])]):
+            parts.append(random_block_part(kind, first, sum(counts), cols, model.device))
+            first += sum(counts)
         owner._parameters.pop(name, None)
         setattr(owner, name, gb.BlockWeight(parts, cols))
     torch.cuda.empty_cache() if model.device.type == "cuda" else None
@@ -206,19 +201,14 @@ def check_block_products(report, runner, tiny):
     """Products over random raw blocks against the bfloat16 product of the same weights (ggml's dequantization),
     at the production tiles: bitwise."""
     import gguf
-    import numpy as np
+    from testlib import random_gguf_blocks
 
     from specdecode.gpu import gguf_blocks as gb
 
     n, k = (128, 512) if tiny else (1536, 8960 // 256 * 256)
     lines, data = [], {}
     for kind in sorted(gb.BLOCKS):
-        per_block, size = gb.BLOCKS[kind]
-        rng = np.random.default_rng(kind)
-        raw = rng.integers(0, 256, size=(n, k // per_block, size), dtype=np.uint8)
-        for at in gb.HALVES[kind]:
-            raw[..., at:at + 2] = rng.uniform(1e-4, 2e-2, size=raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
-        raw = raw.reshape(n, -1)
+        raw = random_gguf_blocks(kind, n, k, seed=kind)
         dense = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(kind)).reshape(n, k))
         dense = dense.to(runner.model.device, torch.bfloat16)
         weight = gb.block_weight([(kind, raw)], runner.model.device)

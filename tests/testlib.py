@@ -115,6 +115,19 @@ def random_kquant_blocks(name: str, rows: int, cols: int, gen: np.random.Generat
     return blocks.reshape(rows, -1)
 
 
+def random_gguf_blocks(kind: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """[rows, bytes] of random blocks of a type the GPU kernel reads, whose float16 scales are small and finite."""
+    from specdecode.gpu import gguf_blocks
+
+    rng = np.random.default_rng(seed)
+    per_block, size = gguf_blocks.BLOCKS[kind]
+    raw = rng.integers(0, 256, size=(rows, cols // per_block, size), dtype=np.uint8)
+    for at in gguf_blocks.HALVES[kind]:
+        scale = rng.uniform(1e-4, 2e-2, size=raw.shape[:2]).astype(np.float16)
+        raw[..., at : at + 2] = scale[..., None].view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
 def kquant_model(seed: int, arch: str = "qwen2", layout: dict = KQUANT_LAYOUT, width: int = 256) -> tuple[Transformer, dict]:
     """A tiny model whose matrices are random Q4_K/Q6_K blocks: (float32 model with the dequantized weights,
     {matrix key: [(ggml type, blocks)]} for `loader._to_quant_weights`). Dimensions are multiples of 256,

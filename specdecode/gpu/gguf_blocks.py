@@ -84,9 +84,6 @@ class BlockWeight:
     def contiguous(self) -> "BlockWeight":
         return self
 
-    def __getitem__(self, rows):  # gpu_check's slicing of a head never reaches here: refuse loudly
-        raise TypeError("a BlockWeight is read by the Triton product kernel only")
-
 
 def readable(kinds) -> bool:
     return all(int(kind) in BLOCKS for kind in kinds)
@@ -95,15 +92,9 @@ def readable(kinds) -> bool:
 def block_weight(parts: list[tuple[int, torch.Tensor | np.ndarray]], device, dtype=torch.bfloat16) -> BlockWeight:
     """A BlockWeight from a matrix's source tensors as (ggml type, raw blocks [rows, bytes per row] uint8).
     Neighbouring tensors of one type become one part (Q and K, gate and up): one launch each."""
-    runs: list[tuple[int, list[np.ndarray]]] = []
-    for kind, raw in parts:
-        raw = raw.numpy() if isinstance(raw, torch.Tensor) else np.asarray(raw)
-        if runs and runs[-1][0] == int(kind):
-            runs[-1][1].append(raw)
-        else:
-            runs.append((int(kind), [raw]))
     out, first, cols = [], 0, None
-    for kind, raws in runs:
+    for kind, raws in runs([(kind, raw.numpy() if isinstance(raw, torch.Tensor) else np.asarray(raw))
+                            for kind, raw in parts]):
         raw = np.concatenate(raws) if len(raws) > 1 else raws[0]
         per_block, size = BLOCKS[kind]
         k = raw.shape[1] // size * per_block
@@ -114,6 +105,17 @@ def block_weight(parts: list[tuple[int, torch.Tensor | np.ndarray]], device, dty
         out.append(BlockPart(kind, first, raw.shape[0], arrays))
         first += raw.shape[0]
     return BlockWeight(out, cols, dtype)
+
+
+def runs(parts: list[tuple[int, object]]) -> list[tuple[int, list]]:
+    """[(ggml type, item)] as [(ggml type, [items])], neighbouring items of one type together (one part each)."""
+    out: list[tuple[int, list]] = []
+    for kind, item in parts:
+        if out and out[-1][0] == int(kind):
+            out[-1][1].append(item)
+        else:
+            out.append((int(kind), [item]))
+    return out
 
 
 def regroup(kind: int, raw: np.ndarray, k: int) -> tuple[np.ndarray, ...]:

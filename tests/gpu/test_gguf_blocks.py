@@ -15,22 +15,12 @@ from specdecode.gpu import gguf_blocks
 from specdecode.gpu.exact_pass import ExactPass, interpreting
 from gpu_models import TEST_TILES, on_gpu_path
 from testlib import kquant_model, tokens_for
+from testlib import random_gguf_blocks as random_blocks
 
 KINDS = sorted(gguf_blocks.BLOCKS)
 MATRICES = ("qkv", "out_proj", "gate_up", "down", "lm_head")
 # Four splits of the tiny model's 256-wide products (fewer programs for the interpreter than TEST_TILES' eight)
 TILES = dataclasses.replace(TEST_TILES, block_k=64, max_split=64)
-
-
-def random_blocks(kind: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """[rows, bytes] of random blocks whose float16 scales are small and finite."""
-    rng = np.random.default_rng(seed)
-    per_block, size = gguf_blocks.BLOCKS[kind]
-    raw = rng.integers(0, 256, size=(rows, cols // per_block, size), dtype=np.uint8)
-    for at in gguf_blocks.HALVES[kind]:
-        scale = rng.uniform(1e-4, 2e-2, size=raw.shape[:2]).astype(np.float16)
-        raw[..., at : at + 2] = scale[..., None].view(np.uint8)
-    return raw.reshape(rows, -1)
 
 
 def ggml_weights(kind: int, raw: np.ndarray) -> np.ndarray:
