@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from . import pass_timings
 from .batch_draft import draft_together
 from .batch_plan import trim_drafts
 from .drafters.base import Drafter
@@ -190,6 +191,7 @@ class BatchEngine:
         starts = [seg.cache.length for seg in segments]
         t0 = time.perf_counter()
         logits = self.engine.target.model.forward_batch(segments)
+        pass_timings.wait_for_device(self.engine.target.model.device)
         seconds = time.perf_counter() - t0
         rows = sum(seg.rows for seg in segments)
         self.passes, self.last_rows, self.last_batch = self.passes + 1, rows, len(planned) + len(reads)

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from . import pass_timings
 from .drafters.base import DraftSteps
 
 
@@ -73,6 +74,7 @@ def _one_pass(model, members: list[Proposal]) -> None:
         outputs = model.forward_batch(segments)
     else:  # one sequence, or a model without batched passes (the transformers adapter): each alone
         outputs = [model(torch.tensor(s.tokens, device=model.device), s.cache, logits=s.logits) for s in segments]
+    pass_timings.wait_for_device(model.device)
     seconds = time.perf_counter() - t0
     rows = sum(s.rows for s in segments)
     for proposal, segment, logits in zip(members, segments, outputs):

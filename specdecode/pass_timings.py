@@ -28,6 +28,15 @@ _ON_DISK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 measurements = 0  # passes this process has timed (those read from the cache folder not counted)
 
 
+def wait_for_device(device) -> None:
+    """Return once `device` has run the work queued on it (nothing to wait for on a CPU). A GPU pass returns as soon
+    as it is launched: timed without this, a batched pass would cost what its launch costs, and the tuner would take
+    verifying rows for nearly free while the draft passes (whose proposals read their logits) cost their device
+    time. The pass's results are read right after anyway, so the wait adds nothing to the step."""
+    if getattr(device, "type", device) == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def fastest(run, repeats: int) -> float:
     """The shortest of `repeats` timed calls of run(): a one-off stall (page faults, another process) must not make
     a pass look dear, since the policy would then avoid it and never time it again."""

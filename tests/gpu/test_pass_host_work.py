@@ -6,6 +6,7 @@ aside (they launch nothing), through the Triton kernels in the interpreter."""
 from __future__ import annotations
 
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -59,3 +60,31 @@ def test_a_passs_device_work_does_not_grow_with_its_requests(model, drafter, mon
     two, five = ops_of_a_decoding_pass(engine, 2, drafter), ops_of_a_decoding_pass(engine, 5, drafter)
     assert five == two
     assert two["aten.argmax.default"] == 1
+
+
+def test_a_batched_pass_is_timed_until_the_device_has_run_it(monkeypatch):
+    """A GPU returns from a pass once it is launched. The pass's time (the tuner's cost of its rows, each request's
+    share of it) and a shared draft pass's time must include the device's work, or verifying rows looks nearly
+    free beside draft passes (whose proposals read their logits, waiting for the device). On a clock that only the
+    device's run moves (1 s a pass, in pass_timings.wait_for_device), each pass must take its 1 s."""
+    from specdecode import batch as batch_module, batch_draft, pass_timings
+    from gpu_models import tiny_target_and_draft
+
+    clock = [0.0]
+    fake_time = SimpleNamespace(perf_counter=lambda: clock[0])
+    monkeypatch.setattr(batch_module, "time", fake_time)
+    monkeypatch.setattr(batch_draft, "time", fake_time)
+    monkeypatch.setattr(pass_timings, "wait_for_device", lambda device: clock.__setitem__(0, clock[0] + 1.0))
+    target, draft = tiny_target_and_draft()
+    tokenizer = fake_tokenizer(target.config.vocab_size)
+    engine = Engine(as_loaded(target, tokenizer, "target"), as_loaded(draft, tokenizer, "draft"), max_context=CONTEXT)
+    recorded = []
+    monkeypatch.setattr(engine.tuner.costs, "record_target", lambda rows, seconds: recorded.append(seconds))
+    batch = BatchEngine(engine, max_batch=2, prefill_rows=CONTEXT)
+    tickets = [batch.submit([5 + i, 9, 3, 5 + i, 9], drafter="draft", k=2, max_new_tokens=6) for i in range(2)]
+    batch.step()  # the prompts (a pass whose cost is not recorded: it reads prompt rows)
+    passes = batch.draft_passes
+    batch.step()
+    assert recorded == [1.0]  # the target's pass
+    shares = [t.generation.draft_seconds for t in tickets]  # each request's half of every shared draft pass
+    assert batch.draft_passes > passes and shares == [0.5 * (batch.draft_passes - passes)] * 2
