@@ -8,7 +8,6 @@ its own rows' logits, which the row-exact kernels make the same in any pass.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 from .controls import RowControls
@@ -52,7 +51,8 @@ class Generation:
         self.stopper = stopper
         self.should_stop = request.should_stop
         self.controls = controls  # penalties, logit bias, grammar, logprobs: what shapes and records each row
-        self.stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids))
+        self.stats = GenerationStats(drafter=drafter.name if drafter else "none", prompt_tokens=len(prompt_ids),
+                                     origins=stopper.origin_counts)  # the stopper counts the answer's tokens
         self.sequence = list(prompt_ids)  # every token the target has confirmed; its cache holds all but the last
         self.tuning: GenerationTuning | None = None  # from the engine once the prompt is read
         self.unread = 0  # prompt tokens the draft model has yet to read
@@ -149,7 +149,7 @@ class Generation:
 
     def _event(self, out: TextStep) -> StreamEvent:
         stats = self.stats
-        stats.generated_tokens, stats.origins = len(self.stopper.tokens), Counter(self.stopper.origin_counts)
+        stats.generated_tokens = len(self.stopper.tokens)
         stats.time_total = time.perf_counter() - self.started
         if out.finish is not None:
             self._finish(out.finish)

@@ -54,7 +54,10 @@ class TextStep:
 
 
 class Stopper:
-    """Owns the answer: its tokens, their origins and text, and the reason it ended."""
+    """Owns the answer: its tokens, their origins and text, and the reason it ended.
+
+    Of the text it keeps only what a stop string may still cut (`window`: the text not yet handed out), so each
+    token costs the same however long the answer has grown; the handed-out text is the events' to keep."""
 
     def __init__(self, tokenizer, max_new_tokens: int, stops=()):
         self.eos_ids = tokenizer.eos_ids
@@ -67,11 +70,17 @@ class Stopper:
         self.origins: list[str] = []
         self.sources: list[str] = []
         self.logprobs: list = []
-        self.starts: list[int] = []  # per token, where its text starts in self.text
+        self.starts: list[int] = []  # per token, where its text starts in the answer's text
         self.origin_counts: Counter = Counter()
-        self.text = ""
         self.shown = 0  # characters of text already handed out
+        self.window = ""  # the text from `shown` on
+        self.released: list[str] = []  # the text handed out, as it was (only `text` reads it)
         self.finish: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The answer's text so far (held-back text included)."""
+        return "".join(self.released) + self.window
 
     @property
     def budget(self) -> int:
@@ -83,21 +92,22 @@ class Stopper:
         sources: per token, which source drafted it (accepted tokens of a multi-source drafter), else "".
         logprobs: per token, its log-probability record (where the request asked for them)."""
         first = len(self.tokens)
-        for i, (token, origin, source) in enumerate(zip(tokens, origins, sources or [""] * len(tokens))):
+        for i, (token, origin) in enumerate(zip(tokens, origins)):
             if token in self.eos_ids:
                 self.finish = "stop"
                 break
-            self.starts.append(len(self.text))
-            self.text += self.detokenizer.push(token)
+            start = self.shown + len(self.window)
+            self.starts.append(start)
+            self.window += self.detokenizer.push(token)
             self.tokens.append(token)
             self.origins.append(origin)
-            self.sources.append(source)
+            self.sources.append(sources[i] if sources else "")
             if logprobs is not None:
                 self.logprobs.append(logprobs[i])
             self.origin_counts[origin] += 1
             # Token by token, as plain decoding checks: the stop string that completes first ends the answer,
             # whatever else a step's later tokens would complete (["\nUser:", "User"] stops at "User").
-            if self._cut_at_stop_string(self.starts[-1]):
+            if self.stops and self._cut_at_stop_string(start):
                 break
             if len(self.tokens) >= self.max_new_tokens:
                 self.finish = "length"
@@ -106,7 +116,8 @@ class Stopper:
             self.finish = "cancelled"
         if self.finish is not None:
             self._flush()
-        pieces = [self.text[start:end] for start, end in zip(self.starts[first:], self.starts[first + 1 :] + [len(self.text)])]
+        ends = self.starts[first + 1 :] + [self.shown + len(self.window)]
+        pieces = [self.window[start - self.shown : end - self.shown] for start, end in zip(self.starts[first:], ends)]
         return TextStep(self._release(), self.tokens[first:], self.origins[first:], pieces, self.finish,
                         self.sources[first:], self.logprobs[first:])
 
@@ -118,28 +129,39 @@ class Stopper:
 
     def _flush(self) -> None:
         """The answer is over: the bytes of an unfinished character join the text, as a decode of its tokens."""
-        new_from = len(self.text)
-        self.text += self.detokenizer.flush()
-        if len(self.text) > new_from:
+        new_from = self.shown + len(self.window)
+        rest = self.detokenizer.flush()
+        self.window += rest
+        if rest:
             self._cut_at_stop_string(new_from)
 
     def _cut_at_stop_string(self, new_from: int) -> bool:
         """End the answer before a stop string that the text from new_from on completes (none ended earlier:
-        the text is checked after each token). Of several, the one that starts first."""
-        found = [pos for s in self.stops if (pos := self.text.find(s, max(0, new_from - len(s) + 1))) >= 0]
+        the text is checked after each token). Of several, the one that starts first. The text handed out is
+        never searched again: it was held back while it could start a stop string (held_back), so any stop string
+        new text completes starts in the window."""
+        def search_from(stop: str) -> int:
+            return max(0, new_from - self.shown - len(stop) + 1)
+
+        found = [pos for s in self.stops if (pos := self.window.find(s, search_from(s))) >= 0]
         if not found:
             return False
-        self.text = self.text[: min(found)]
+        self.window = self.window[: min(found)]
         self.finish = "stop"
         # The answer ends where the stop string starts: tokens whose text starts at or after it are not output.
-        keep = bisect.bisect_left(self.starts, len(self.text))
-        self.origin_counts.subtract(self.origins[keep:])
-        self.origin_counts = +self.origin_counts  # drop kinds whose count fell to 0
+        keep = bisect.bisect_left(self.starts, self.shown + len(self.window))
+        for origin in self.origins[keep:]:  # in place: the generation's statistics hold this Counter
+            self.origin_counts[origin] -= 1
+            if not self.origin_counts[origin]:
+                del self.origin_counts[origin]
         del self.tokens[keep:], self.origins[keep:], self.sources[keep:], self.starts[keep:], self.logprobs[keep:]
         return True
 
     def _release(self) -> str:
-        end = len(self.text) if self.finish is not None else max(self.shown, len(self.text) - self.held_back)
-        delta = self.text[self.shown : end]
+        length = self.shown + len(self.window)
+        end = length if self.finish is not None else max(self.shown, length - self.held_back)
+        delta, self.window = self.window[: end - self.shown], self.window[end - self.shown :]
+        if delta:
+            self.released.append(delta)
         self.shown = end
         return delta

@@ -162,3 +162,14 @@ def test_an_unfinished_character_at_the_end_of_the_answer_is_flushed_as_a_decode
     context_full = Stopper(tokenizer, 100)
     assert context_full.push(unfinished, ["plain"] * 3).text == "a"
     assert context_full.end("length").text == "\ufffd" and context_full.text == "a\ufffd"
+
+
+def test_the_stopper_keeps_only_the_text_a_stop_string_may_still_cut():
+    """Each token costs the same however long the answer: the text already handed out is not kept to be searched
+    or copied again, only what a stop string may still cut (the held-back characters and the step's new text)."""
+    stopper, released = Stopper(ByteTokenizer(), 10_000, stops=["END!", "x"]), []
+    for i in range(3000):
+        step = push_text(stopper, "abcdEN"[i % 6])
+        released.append(step.text)
+        assert len(stopper.window) <= stopper.held_back == 3
+    assert "".join(released) + stopper.window == "abcdEN" * 500 == stopper.text
