@@ -94,9 +94,13 @@ class BatchEngine:
 
     prefill_rows: prompt rows a pass may read while other requests are decoding (bounds the pause a new
     long prompt adds to the running streams); a request alone reads its prompt in the engine's usual chunks.
+    overlap: hand out a step's events (detokenizing, the callbacks) while the next pass runs, where the answer
+    goes on whatever the text says (Generation.event_can_wait); by default where the target's passes run on a
+    GPU, which returns from a pass once it is launched. On a CPU the pass is the host's own work: nothing to
+    overlap, and the events would only come a pass later.
     """
 
-    def __init__(self, engine: Engine, max_batch: int = 8, prefill_rows: int = 64):
+    def __init__(self, engine: Engine, max_batch: int = 8, prefill_rows: int = 64, overlap: bool | None = None):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.engine = engine
@@ -108,6 +112,8 @@ class BatchEngine:
         self.passes = 0
         self.draft_passes = 0  # the draft model's passes, each for every request drafting with it
         self.last_rows = self.last_batch = 0  # rows and requests of the latest pass (metrics)
+        self.overlap = engine.target.model.device.type == "cuda" if overlap is None else overlap
+        self.unpublished: dict[Ticket, None] = {}  # running requests whose last step's event waits for the next pass
 
     # ------------------------------------------------------------------ the public face
     def submit(self, prompt, on_event=None, **settings) -> Ticket:
@@ -143,11 +149,11 @@ class BatchEngine:
         """Drop every request (after a failed pass: their caches may hold half-written rows)."""
         for ticket in self.running:
             ticket.slot.forget()
-        self.running, self.waiting = [], deque()
+        self.running, self.waiting, self.unpublished = [], deque(), {}
 
     @property
     def busy(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.unpublished)
 
     def run(self) -> None:
         """Step until every submitted request has finished."""
@@ -186,11 +192,13 @@ class BatchEngine:
         segments = [t.generation.segment() for t in planned]
         segments += [Segment(chunk, ticket.slot.cache, "none") for ticket, chunk in reads]
         if not segments:
+            self._publish()
             self._retire()
             return 0
         starts = [seg.cache.length for seg in segments]
         t0 = time.perf_counter()
         logits = self.engine.target.model.forward_batch(segments)
+        self._publish()  # the last pass's events, while a GPU runs this one
         pass_timings.wait_for_device(self.engine.target.model.device)
         seconds = time.perf_counter() - t0
         rows = sum(seg.rows for seg in segments)
@@ -239,17 +247,38 @@ class BatchEngine:
         return proposal
 
     def _apply(self, ticket: Ticket, logits, start: int, seconds: float, solo: bool, choice=None) -> None:
-        """The request's verdict on its own rows. A failure there (something its own settings met) ends that request
-        only: the other requests' rows were computed apart, and their verdicts are theirs."""
+        """The request's verdict on its own rows; its event now, or with the next pass (overlap). A failure there
+        (something its own settings met) ends that request only: the other requests' rows were computed apart, and
+        their verdicts are theirs."""
+        generation = ticket.generation
         try:
-            self._emit(ticket, ticket.generation.apply(logits, start, seconds, solo=solo, choice=choice))
+            generation.settle(logits, start, seconds, solo=solo, choice=choice)
+            if self.overlap and generation.event_can_wait:
+                self.unpublished[ticket] = None
+            else:
+                self._emit(ticket, generation.publish())
         except Exception as exc:
-            ticket.error = exc
-            ticket.slot.forget()  # its cache may hold rows of a verdict never reached
-            if ticket.on_event is not None:
-                ticket.on_event(ticket, None)
+            self._fail(ticket, exc)
+
+    def _publish(self) -> None:
+        """The events that waited for this pass (see `overlap`), in the order their requests run."""
+        waiting, self.unpublished = self.unpublished, {}
+        for ticket in waiting:
+            try:
+                self._emit(ticket, ticket.generation.publish())
+            except Exception as exc:
+                self._fail(ticket, exc)
+
+    def _fail(self, ticket: Ticket, exc: Exception) -> None:
+        ticket.error = exc
+        ticket.slot.forget()  # its cache may hold rows of a verdict never reached
+        self.unpublished.pop(ticket, None)
+        if ticket.on_event is not None:
+            ticket.on_event(ticket, None)
 
     def _emit(self, ticket: Ticket, event: StreamEvent) -> None:
+        # An event holds every token its request has settled (Stopper.release): one that waited is in this one.
+        self.unpublished.pop(ticket, None)
         ticket.events.append(event)
         if ticket.on_event is not None:
             ticket.on_event(ticket, event)

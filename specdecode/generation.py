@@ -110,12 +110,29 @@ class Generation:
         """The target's logits of this request's block (written to its cache at `start`): judge, roll back,
         learn, and hand out the step's text. solo: the pass held this block only (its cost is the block's).
         choice: the rows' argmaxes where the pass read them already (judges_by_argmax)."""
+        self.settle(logits, start, verify_seconds, solo, choice)
+        return self.publish()
+
+    def settle(self, logits, start: int, verify_seconds: float, solo: bool, choice: list[int] | None = None) -> None:
+        """`apply` but the text: everything the next step needs (the verdict, the caches rolled back, the tuning,
+        the statistics, and whether the tokens ended the answer). `publish` then hands out the step's event."""
         judged = judge_block(logits, self.slot.cache, start, self.sequence, self.draft, self.sampling, self.noise,
                              self.controls, choice)
         step = finish_step(self.drafter, self.sequence, judged, self.draft, self.draft_seconds, verify_seconds,
                            self.controls)
         self.acceptance_record.judged(len(judged.accepted))
-        return self._after(step, solo)
+        self._settle(step, solo)
+
+    def publish(self) -> StreamEvent:
+        """The event of the steps settled since the last one: their tokens, text and origins."""
+        return self._event(self.stopper.release())
+
+    @property
+    def event_can_wait(self) -> bool:
+        """Whether the event of the step just settled may be handed out later (a batch on a GPU publishes it while
+        the next pass runs): the answer goes on whatever its text says. EOS, the budget and a cancel are in the
+        tokens, known already; a stop string is in the text, which must be read before the request drafts again."""
+        return self.stopper.finish is None and not self.stopper.stops
 
     @property
     def judges_by_argmax(self) -> bool:
@@ -130,9 +147,10 @@ class Generation:
                                     self.controls)
         step = finish_step(self.drafter, self.sequence, judged, self.draft, self.draft_seconds, time.perf_counter() - t0,
                            self.controls)
-        return self._after(step, solo=True)
+        self._settle(step, solo=True)
+        return self.publish()
 
-    def _after(self, step: StepResult, solo: bool) -> StreamEvent:
+    def _settle(self, step: StepResult, solo: bool) -> None:
         self.slot.cached_ids += [self.sequence[-1]] + step.tokens[:-1]
         self.sequence += step.tokens
         self.tuning.observe(step, record_cost=solo, record_draft_cost=self.draft_alone)
@@ -140,8 +158,7 @@ class Generation:
         # which source drafted the accepted tokens: lookup / store / draft for auto, else the drafter
         sources = [step.draft.source or self.stats.drafter] * step.accepted + [""]
         cancel = self.should_stop is not None and self.should_stop()
-        return self._event(self.stopper.push(step.tokens, step.origins, cancel=cancel, sources=sources,
-                                             logprobs=step.logprobs))
+        self.stopper.take(step.tokens, step.origins, cancel=cancel, sources=sources, logprobs=step.logprobs)
 
     def end_now(self, reason: str) -> StreamEvent:
         """End the answer before another step (the context is full, or the request was cancelled)."""

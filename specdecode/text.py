@@ -88,32 +88,45 @@ class Stopper:
 
     def push(self, tokens: list[int], origins: list[str], cancel: bool = False, sources: list[str] | None = None,
              logprobs: list | None = None) -> TextStep:
-        """Add one step's tokens, in the order the target produced them; cancel ends the answer after them.
-        sources: per token, which source drafted it (accepted tokens of a multi-source drafter), else "".
-        logprobs: per token, its log-probability record (where the request asked for them)."""
-        first = len(self.tokens)
+        """Add one step's tokens, in the order the target produced them, and hand out their text (`take`, then
+        `release`); cancel ends the answer after them."""
+        self.take(tokens, origins, cancel, sources, logprobs)
+        return self.release()
+
+    def take(self, tokens: list[int], origins: list[str], cancel: bool = False, sources: list[str] | None = None,
+             logprobs: list | None = None) -> None:
+        """Add one step's tokens up to an EOS or the budget; cancel ends the answer after them. Their text, and a
+        stop string in it (which ends the answer at the token that completes it, dropping the tokens after), waits
+        for `release`. sources: per token, which source drafted it (accepted tokens of a multi-source drafter),
+        else "". logprobs: per token, its log-probability record (where the request asked for them)."""
         for i, (token, origin) in enumerate(zip(tokens, origins)):
             if token in self.eos_ids:
                 self.finish = "stop"
                 break
-            start = self.shown + len(self.window)
-            self.starts.append(start)
-            self.window += self.detokenizer.push(token)
             self.tokens.append(token)
             self.origins.append(origin)
             self.sources.append(sources[i] if sources else "")
             if logprobs is not None:
                 self.logprobs.append(logprobs[i])
             self.origin_counts[origin] += 1
-            # Token by token, as plain decoding checks: the stop string that completes first ends the answer,
-            # whatever else a step's later tokens would complete (["\nUser:", "User"] stops at "User").
-            if self.stops and self._cut_at_stop_string(start):
-                break
             if len(self.tokens) >= self.max_new_tokens:
                 self.finish = "length"
                 break
         if self.finish is None and cancel:
             self.finish = "cancelled"
+
+    def release(self) -> TextStep:
+        """The text of the tokens taken since the last release, and those tokens: what is safe to show of it, all
+        of it once the answer is over."""
+        first = len(self.starts)  # the first token whose text is not known yet
+        for token in self.tokens[first:]:
+            start = self.shown + len(self.window)
+            self.starts.append(start)
+            self.window += self.detokenizer.push(token)
+            # Token by token, as plain decoding checks: the stop string that completes first ends the answer,
+            # whatever else a step's later tokens would complete (["\nUser:", "User"] stops at "User").
+            if self.stops and self._cut_at_stop_string(start):
+                break
         if self.finish is not None:
             self._flush()
         ends = self.starts[first + 1 :] + [self.shown + len(self.window)]
@@ -124,8 +137,7 @@ class Stopper:
     def end(self, reason: str) -> TextStep:
         """End the answer where it stands (the context is full): hand out what was held back."""
         self.finish = self.finish or reason
-        self._flush()
-        return TextStep(self._release(), [], [], [], self.finish)
+        return self.release()
 
     def _flush(self) -> None:
         """The answer is over: the bytes of an unfinished character join the text, as a decode of its tokens."""

@@ -68,13 +68,14 @@ def test_the_identity_check_catches_a_block_that_sees_itself():
 
 
 def test_requests_arriving_at_any_moment_get_their_solo_output():
-    """Four requests (plain, draft model, tree, lookup; two seeded), arriving over three passes, in one batch."""
+    """Four requests (plain, draft model, tree, lookup; two seeded), arriving over three passes, in one batch that
+    hands out each step's event during the next pass, as a batch on a GPU does (overlap)."""
     eng = engine()
     prompts = [PROMPT, PROMPT[3:] + [9, 9], [5, 6, 7, 5, 6, 7, 5], PROMPT[::-1]]
     settings = [dict(drafter="none"), dict(drafter="draft", k=3, sampling=sampling(True)), dict(drafter="tree", k=2),
                 dict(drafter="lookup", k=3, sampling=SamplingParams(temperature=0.7, seed=4))]
     solo = [eng.generate(p, max_new_tokens=10, **{**s, "drafter": "none"}).token_ids for p, s in zip(prompts, settings)]
-    batch = BatchEngine(eng, max_batch=4, prefill_rows=8)
+    batch = BatchEngine(eng, max_batch=4, prefill_rows=8, overlap=True)
     tickets = [batch.submit(prompts[0], max_new_tokens=10, **settings[0])]
     for prompt, setting in zip(prompts[1:], settings[1:]):
         batch.step()

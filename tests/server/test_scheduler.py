@@ -408,14 +408,14 @@ def test_a_request_failing_in_its_verdict_fails_alone(monkeypatch):
     every request in it got a 500. Its verdict is its own: it fails alone, the others keep their tokens."""
     from specdecode.generation import Generation
 
-    apply = Generation.apply
+    settle = Generation.settle
 
     def broken_for_b(self, *args, **kwargs):
         if self.request.namespace == "b":
             raise ValueError("sampling from a distribution with no mass")
-        return apply(self, *args, **kwargs)
+        return settle(self, *args, **kwargs)
 
-    monkeypatch.setattr(Generation, "apply", broken_for_b)
+    monkeypatch.setattr(Generation, "settle", broken_for_b)
     engine = tiny_engine(max_context=64)
     solo = engine.generate([1, 2, 3], drafter="none", max_new_tokens=6).token_ids
 
