@@ -67,6 +67,7 @@ class EngineReplica:
 
     async def __init__(self, settings: ClusterSettings, board):
         from .local import LocalBackend
+        from ..build import freeze_loaded_objects
         from .scheduler import Scheduler
 
         self.replica = serve.get_replica_context().replica_id.unique_id
@@ -76,6 +77,7 @@ class EngineReplica:
         self.backend = LocalBackend(Scheduler(engine, drafter, settings.queue_size, self.metrics,
                                                 max_batch=settings.max_batch), warmup=True)
         await self.backend.start()  # measures the drafters' costs before Ray routes anything here
+        freeze_loaded_objects()
         self.reporter = asyncio.create_task(self._report_forever())
 
     def info(self) -> dict:

@@ -6,7 +6,7 @@ import signal
 import threading
 import time
 
-from ..build import build_engine
+from ..build import build_engine, freeze_loaded_objects
 from ..errors import require_extra
 from .app import create_app
 from .scheduler import Scheduler
@@ -59,6 +59,7 @@ def run_server(args) -> int:
     config = uvicorn_config(app, host=args.host, port=args.port, forwarded_allow_ips=getattr(args, "forwarded_allow_ips", None),
                             log_level="info", timeout_graceful_shutdown=15)
     server = draining_server(app.state.scheduler, max(0.0, float(args.shutdown_grace)), config)
+    freeze_loaded_objects()
     # uvicorn re-raises the caught signal after its graceful shutdown; for SIGTERM that would end the
     # process with status -15. This handler (restored by uvicorn before re-raising) swallows it: exit 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
