@@ -5,28 +5,45 @@ spent while the device waits, and it bounds the batched throughput).
 target's pass is replaced by a stub that advances the caches and hands out rows of fixed random logits over the
 first 1,024 token ids: small, so that the argmax (a GPU's work, a CPU's costly one) stays out of the figure, as the
 pass itself does. Everything else a pass does on the host is in it: admission, plans, segments, the argmax read,
-verdicts, stop checks, detokenizing, events. Prints the last of three runs (the first warms the slots).
+verdicts, stop checks, detokenizing, events. Prints the median of the runs after one that warms the slots (on the
+2-core machines, figures vary by a third from one process to the next: compare runs of one process, or many).
 
-    .venv/bin/python docs/experiments/batch_host_time.py            # per pass and per request
-    .venv/bin/python docs/experiments/batch_host_time.py profile    # and a profile of the last run
+--device-ms D makes the stub a device pass of D ms that runs while the host goes on (as a GPU's launch returns at
+once): pass_timings.wait_for_device then waits until D ms after the launch. A pass then costs D plus the host work
+that cannot overlap the device; --overlap on/off says whether the batch publishes events during the next pass.
+
+    .venv/bin/python docs/experiments/batch_host_time.py                          # host time per pass and request
+    .venv/bin/python docs/experiments/batch_host_time.py --device-ms 2 --overlap on   # a pass's wall time beyond D
+    .venv/bin/python docs/experiments/batch_host_time.py --profile tottime        # and a profile of the last run
 """
+import argparse
 import cProfile
+import gc
 import pstats
-import sys
+import statistics
 import time
 
 import torch
 
+from specdecode import pass_timings
 from specdecode.batch import BatchEngine
 from specdecode.build import EngineOptions, build_engine
 
 REQUESTS, TOKENS, WIDTH = 16, 128, 1024
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--runs", type=int, default=8)
+parser.add_argument("--device-ms", type=float, default=0.0)
+parser.add_argument("--overlap", choices=["on", "off"], default="off")
+parser.add_argument("--freeze", action="store_true", help="gc.freeze() once the models are loaded")
+parser.add_argument("--profile", nargs="?", const="cumulative", help="profile the last run, sorted by this")
+args = parser.parse_args()
+
 engine, _ = build_engine(EngineOptions(model="smollm2-135m"))
 gen = torch.Generator().manual_seed(0)
 rows = torch.randn(4096, WIDTH, generator=gen)
 rows[:, [i for i in engine.target.tokenizer.eos_ids if i < WIDTH]] = float("-inf")  # every answer runs its length
-cursor = [0]
+cursor, device_done = [0], [0.0]
 
 
 def stub_pass(segments):
@@ -37,20 +54,44 @@ def stub_pass(segments):
         first = cursor[0] % (len(rows) - 64)
         cursor[0] += count
         out.append(rows[first : first + count] if count else None)
+    device_done[0] = time.perf_counter() + args.device_ms / 1e3
     return out
 
 
+def wait_for_device(device):
+    while time.perf_counter() < device_done[0]:
+        pass
+
+
+if args.freeze:
+    gc.freeze()
 engine.target.model.forward_batch = stub_pass
+pass_timings.wait_for_device = wait_for_device
 prompts = [torch.randint(100, 20000, (32,), generator=gen).tolist() for _ in range(REQUESTS)]
-batch = BatchEngine(engine, max_batch=REQUESTS, prefill_rows=256)
-profile = cProfile.Profile()
-for run in range(3):
-    if run == 2 and sys.argv[1:] == ["profile"]:
+batch = BatchEngine(engine, max_batch=REQUESTS, prefill_rows=256, overlap=args.overlap == "on")
+publish, published = batch._publish, [0.0]
+
+
+def timed_publish():  # the events handed out while the device runs the next pass (overlap on)
+    t0 = time.perf_counter()
+    publish()
+    published[0] += time.perf_counter() - t0
+
+
+batch._publish = timed_publish
+profile, runs = cProfile.Profile(), []
+for run in range(args.runs):
+    if run == args.runs - 1 and args.profile:
         profile.enable()
-    passes, started = batch.passes, time.perf_counter()
+    passes, started, published[0] = batch.passes, time.perf_counter(), 0.0
     batch.generate_many(prompts, drafter="none", max_new_tokens=TOKENS)
-    seconds = (time.perf_counter() - started) / (batch.passes - passes)
+    runs.append((time.perf_counter() - started) / (batch.passes - passes) - args.device_ms / 1e3)
+    hidden = published[0] / (batch.passes - passes)
     profile.disable()
-print(f"{REQUESTS} requests: {seconds * 1e3:.2f} ms of host time per pass, {seconds / REQUESTS * 1e6:.1f} us per request")
-if sys.argv[1:] == ["profile"]:
-    pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
+seconds = statistics.median(runs[1:])
+print(f"{REQUESTS} requests, overlap {args.overlap}, device pass {args.device_ms} ms: "
+      f"{seconds * 1e3:.2f} ms of host time per pass beyond the device's, {seconds / REQUESTS * 1e6:.1f} us per request "
+      f"(median of {len(runs) - 1} runs: {' '.join(f'{r / REQUESTS * 1e6:.0f}' for r in runs[1:])}); "
+      f"events published during a pass: {hidden / REQUESTS * 1e6:.1f} us per request (last run)")
+if args.profile:
+    pstats.Stats(profile).sort_stats(args.profile).print_stats(30)
