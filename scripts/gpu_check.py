@@ -15,6 +15,7 @@ interpreter), to try the script itself without a GPU.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -28,6 +29,7 @@ if __name__ == "__main__" and "--tiny" in sys.argv:
 
 import torch
 
+from specdecode.build import freeze_loaded_objects
 from specdecode.gpu.gguf_blocks import BlockWeight
 
 SHAPES = {
@@ -154,6 +156,9 @@ Q4_K_M = {"qkv": ("Q4_K", "Q4_K", "Q6_K"), "out_proj": ("Q4_K",), "gate_up": ("Q
           "lm_head": ("Q6_K",)}
 Q5_0_FILE = {"qkv": ("Q5_0",) * 3, "out_proj": ("Q5_0",), "gate_up": ("Q5_0",) * 2, "down": ("Q5_0",),
              "lm_head": ("Q8_0",)}
+# A Q3_K_M file's, roughly (llama-quantize gives some layers' V and down matrices Q5_K instead of Q4_K)
+Q3_K_M = {"qkv": ("Q3_K", "Q3_K", "Q4_K"), "out_proj": ("Q4_K",), "gate_up": ("Q3_K", "Q3_K"), "down": ("Q4_K",),
+          "lm_head": ("Q6_K",)}
 
 
 def random_block_part(kind: int, first: int, rows: int, cols: int, device):
@@ -170,6 +175,8 @@ def random_block_part(kind: int, first: int, rows: int, cols: int, device):
                                 halves(cols // 256, 1e-3), halves(cols // 256, 7.5e-3)),
               gb.Q6_K: lambda: (quants(cols // 2), quants(cols // 4), quants(cols // 16, -128, 128, torch.int8),
                                 halves(cols // 256, 1.8e-4)),
+              gb.Q3_K: lambda: (quants(cols // 4), quants(cols // 8), quants(cols // 16, -32, 32, torch.int8),
+                                halves(cols // 256, 1e-3)),
               gb.Q5_0: lambda: (quants(cols // 2), quants(cols // 8), halves(cols // 32, 3e-3)),
               gb.Q8_0: lambda: (quants(cols, -128, 128, torch.int8), halves(cols // 32, 4e-4))}[kind]()
     return gb.BlockPart(kind, first, rows, arrays)
@@ -230,8 +237,9 @@ def block_speed(report, models, hfs, bandwidth, tiny):
              " bfloat16: plain | blocks / bfloat16 | 8-row verify block, in steps | rows exact |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     data = {}
-    for name, layout, label in (("1.5b", Q4_K_M, "Q4_K_M"), ("7b", Q4_K_M, "Q4_K_M"), ("0.5b", Q5_0_FILE, "Q5_0")):
-        if name not in hfs:
+    files = (("1.5b", Q4_K_M, "Q4_K_M"), ("7b", Q4_K_M, "Q4_K_M"), ("7b", Q3_K_M, "Q3_K_M"), ("0.5b", Q5_0_FILE, "Q5_0"))
+    for name, layout, label in files:
+        if name not in hfs or (tiny and label == "Q3_K_M"):
             continue
         layout, label = (Q5_0_FILE, "Q5_0") if tiny else (layout, label)  # tiny widths are not multiples of 256
         model = attach_if_cpu(with_random_blocks(native(hfs[name], models[name].device), layout), tiny)
@@ -242,7 +250,7 @@ def block_speed(report, models, hfs, bandwidth, tiny):
         cache = model.new_cache(64)
         steps = torch.cat([model(tokens_in[i:i + 1], cache) for i in range(16)])
         exact = torch.equal(model(tokens_in, model.new_cache(64)), steps)
-        data[name] = dict(layout=label, bytes=weight_bytes(model), bound=bound, blocks=ours, bf16=dense,
+        data[f"{name} {label}"] = dict(layout=label, bytes=weight_bytes(model), bound=bound, blocks=ours, bf16=dense,
                           verify8=costs[8] / costs[1], exact=exact)
         lines.append(f"| {name} | {label} | {weight_bytes(model) / 1e9:.2f} GB | {bound:.0f} tok/s | {ours:.1f} tok/s |"
                      f" {100 * ours / bound:.0f}% | {dense:.1f} tok/s | {ours / dense:.2f}x | {costs[8] / costs[1]:.2f} |"
@@ -455,13 +463,14 @@ def block_costs(model, sizes) -> dict[int, float]:
     return out
 
 
-def batched_aggregate(engine, requests: int, tokens: int) -> tuple[float, float]:
-    """tok/s of all requests together, and the median seconds of a pass once every request decodes."""
+def batched_aggregate(engine, requests: int, tokens: int, overlap: bool | None = None) -> tuple[float, float]:
+    """tok/s of all requests together, and the median seconds of a pass once every request decodes. overlap: as
+    BatchEngine's (by default on, on CUDA: each step's events handed out during the next pass)."""
     from specdecode.batch import BatchEngine
 
     gen = torch.Generator().manual_seed(requests)
     prompts = [torch.randint(0, engine.target.vocab_size, (32,), generator=gen).tolist() for _ in range(requests)]
-    batch = BatchEngine(engine, max_batch=requests, prefill_rows=256)
+    batch = BatchEngine(engine, max_batch=requests, prefill_rows=256, overlap=overlap)
     tickets = [batch.submit(prompt, drafter="none", max_new_tokens=tokens) for prompt in prompts]
     t0, passes = time.perf_counter(), []
     while batch.busy:
@@ -727,8 +736,12 @@ def speed(report, models, hfs, bandwidth, tiny):
 
     engine = Engine(as_loaded(target, fake_tokenizer(target.config.vocab_size)), max_context=1024)
     per, pass_seconds = {}, {}
+    freeze_loaded_objects()  # as the server does once loaded: no full garbage collection walks the models mid-run
     for requests in (1, 4) if tiny else (1, 4, 8, 16, 32):
         per[requests], pass_seconds[requests] = batched_aggregate(engine, requests, 4 if tiny else 64)
+    most = 4 if tiny else 16
+    at_once = batched_aggregate(engine, most, 4 if tiny else 64, overlap=False)[0]
+    gc.unfreeze()
     bare = {**costs, **block_costs(target, [r for r in per if r not in costs])}
     # the engine's pass against the bare pass of as many rows: what the host adds (verdicts, plans, metadata)
     host = {r: pass_seconds[r] - bare[r] for r in per}
@@ -737,9 +750,11 @@ def speed(report, models, hfs, bandwidth, tiny):
              "| x one request | " + " | ".join(f"{v / per[1]:.1f}" for v in per.values()) + " |",
              "| ms per decoding pass | " + " | ".join(f"{pass_seconds[r] * 1e3:.2f}" for r in per) + " |",
              "| ms of one sequence's block of as many rows | " + " | ".join(f"{bare[r] * 1e3:.2f}" for r in per) + " |",
-             "| host us per request and pass | " + " | ".join(f"{host[r] / r * 1e6:.0f}" for r in per) + " |"]
+             "| host us per request and pass | " + " | ".join(f"{host[r] / r * 1e6:.0f}" for r in per) + " |",
+             "", f"- {most} requests with each step's events handed out at once, not during the next pass "
+             f"(BatchEngine overlap off): {at_once:.0f} tok/s, {at_once / per[most]:.2f} of the table's"]
     report.section("batched plain decoding (1.5B shape, 64 tokens each, prompts of 32)", lines,
-                   dict(aggregate=per, pass_seconds=pass_seconds, bare=bare))
+                   dict(aggregate=per, pass_seconds=pass_seconds, bare=bare, overlap_off=at_once))
 
     hf_t, hf_d = hfs["1.5b"], hfs["0.5b"]
     rows = {}

@@ -56,6 +56,24 @@ def _per_group(ptr, row, k0, K, valid, GROUP: tl.constexpr, BLOCK_K: tl.constexp
 
 
 @triton.jit
+def _twos(quads, ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """Bytes [ROWS, WIDTH / 4] holding four 2-bit values each (lowest bits first) -> [ROWS, WIDTH] uint8."""
+    # join(join(v0, v2), join(v1, v3)) flattens to v0 v1 v2 v3
+    pairs = tl.join(tl.join(quads & 3, (quads >> 4) & 3), tl.join((quads >> 2) & 3, quads >> 6))
+    return tl.reshape(pairs, (ROWS, WIDTH))
+
+
+@triton.jit
+def _iq4_values(q):
+    """IQ4 table indices (0..15) -> ggml's IQ4 values (gguf_blocks.IQ4_VALUES) as int32, from the table's 16 bytes
+    held in four 32-bit constants: arithmetic, no table load."""
+    i = q.to(tl.int32)
+    word = tl.where(i < 8, tl.where(i < 4, -1079142271, -152379953), tl.where(i < 12, 639175937, 1901675829))
+    byte = (word >> ((i & 3) * 8)) & 0xFF
+    return byte - ((byte >> 7) << 8)  # the byte as a signed value
+
+
+@triton.jit
 def _block_weights(q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, cols, k0, N, K, KIND: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Weights [BLOCK_N, BLOCK_K] of rows `cols`, columns k0.. of a GGUF-block matrix (gguf_blocks.py's arrays),
@@ -65,28 +83,50 @@ def _block_weights(q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, cols, k0, N, 
     if KIND == 8:  # Q8_0: d * q, d per 32
         q = tl.load(q_ptr + row * K + k0 + tl.arange(0, BLOCK_K)[None, :], mask=valid, other=0).to(tl.float32)
         w = q * _spread(_per_group(d_ptr, row, k0, K, valid, 32, BLOCK_K), BLOCK_N, BLOCK_K // 32, 32)
+    elif KIND == 10 or KIND == 11:  # Q2_K: (d sc) q - (dmin m); Q3_K: (d sc) (q - 4); sc, m per 16, d per 256
+        quads = tl.load(q_ptr + row * (K // 4) + k0 // 4 + tl.arange(0, BLOCK_K // 4)[None, :], mask=valid, other=0)
+        q = _twos(quads, BLOCK_N, BLOCK_K)
+        subs = k0 // 16 + tl.arange(0, BLOCK_K // 16)[None, :]
+        sc = tl.load(sc_ptr + row * (K // 16) + subs, mask=valid, other=0).to(tl.float32)
+        d = tl.load(d_ptr + row * (K // 256) + subs // 16, mask=valid, other=0).to(tl.float32)
+        if KIND == 10:
+            mn = tl.load(mn_ptr + row * (K // 16) + subs, mask=valid, other=0).to(tl.float32)
+            dmin = tl.load(dmin_ptr + row * (K // 256) + subs // 16, mask=valid, other=0).to(tl.float32)
+            w = q.to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 16, 16) - _spread(dmin * mn, BLOCK_N,
+                                                                                       BLOCK_K // 16, 16)
+        else:
+            octets = tl.load(hi_ptr + row * (K // 8) + k0 // 8 + tl.arange(0, BLOCK_K // 8)[None, :], mask=valid,
+                             other=0)
+            q = q | (_top_bits(octets, BLOCK_N, BLOCK_K) << 2)
+            w = (q.to(tl.int32) - 4).to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 16, 16)
     else:
         packed = tl.load(q_ptr + row * (K // 2) + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=valid, other=0)
-        q = _nibbles(packed, BLOCK_N, BLOCK_K)  # the low 4 bits of every type below
-        if KIND == 6 or KIND == 13:  # Q5_0, Q5_K: a fifth bit
+        q = _nibbles(packed, BLOCK_N, BLOCK_K)  # the low 4 bits of every type below (IQ4's table index)
+        if KIND == 6 or KIND == 7 or KIND == 13:  # Q5_0, Q5_1, Q5_K: a fifth bit
             octets = tl.load(hi_ptr + row * (K // 8) + k0 // 8 + tl.arange(0, BLOCK_K // 8)[None, :], mask=valid,
                              other=0)
             q = q | (_top_bits(octets, BLOCK_N, BLOCK_K) << 4)
         if KIND == 14:  # Q6_K: two more bits
             quads = tl.load(hi_ptr + row * (K // 4) + k0 // 4 + tl.arange(0, BLOCK_K // 4)[None, :], mask=valid,
                             other=0)
-            # join(join(v0, v2), join(v1, v3)) flattens to v0 v1 v2 v3: four 2-bit values in place
-            pairs = tl.join(tl.join(quads & 3, (quads >> 4) & 3), tl.join((quads >> 2) & 3, quads >> 6))
-            q = q | (tl.reshape(pairs, (BLOCK_N, BLOCK_K)) << 4)
-        if KIND == 2 or KIND == 3 or KIND == 6:  # Q4_0: d (q - 8); Q4_1: d q + m; Q5_0: d (q - 16); per 32
+            q = q | (_twos(quads, BLOCK_N, BLOCK_K) << 4)
+        if KIND == 2 or KIND == 3 or KIND == 6 or KIND == 7 or KIND == 20:  # per 32: Q4_0: d (q - 8); Q4_1, Q5_1:
+            # d q + m; Q5_0: d (q - 16); IQ4_NL: d table[q]
             d = _spread(_per_group(d_ptr, row, k0, K, valid, 32, BLOCK_K), BLOCK_N, BLOCK_K // 32, 32)
             if KIND == 2:
                 w = (q.to(tl.int32) - 8).to(tl.float32) * d
-            elif KIND == 3:
+            elif KIND == 3 or KIND == 7:
                 w = q.to(tl.float32) * d + _spread(_per_group(dmin_ptr, row, k0, K, valid, 32, BLOCK_K), BLOCK_N,
                                                    BLOCK_K // 32, 32)
-            else:
+            elif KIND == 6:
                 w = (q.to(tl.int32) - 16).to(tl.float32) * d
+            else:
+                w = _iq4_values(q).to(tl.float32) * d
+        elif KIND == 23:  # IQ4_XS: (d sc) table[q], sc per 32, d per 256
+            subs = k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :]
+            sc = tl.load(sc_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
+            d = tl.load(d_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
+            w = _iq4_values(q).to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 32, 32)
         elif KIND == 14:  # Q6_K: (d sc) (q - 32), sc per 16, d per 256
             subs = k0 // 16 + tl.arange(0, BLOCK_K // 16)[None, :]
             sc = tl.load(sc_ptr + row * (K // 16) + subs, mask=valid, other=0).to(tl.float32)
@@ -120,7 +160,7 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
                           BLOCK_K: tl.constexpr, KIND: tl.constexpr, DOT_F32: tl.constexpr,
                           ROUND_BY_BITS: tl.constexpr, FUSE_SUM: tl.constexpr):
     """part[s, m, COL0 + n] = sum over k in split s of x[m, k] * w[n, k]: x [M, K], part float32 [SPLITS, M, NT].
-    KIND 0: w [N, K] row-major (bfloat16 or float32; the other array arguments unused); a ggml type (6, 8, 12, 14):
+    KIND 0: w [N, K] row-major (bfloat16 or float32; the other array arguments unused); a ggml type (gguf_blocks):
     w is a matrix of GGUF blocks in gguf_blocks.py's arrays, whose bfloat16 weights are rebuilt per tile, so the
     same tiles, steps and dot multiply the same weights as over its bfloat16 copy.
 

@@ -1,7 +1,7 @@
 """GGUF blocks multiplied by the Triton kernel itself (gpu/gguf_blocks.py) give exactly the bfloat16 pass of the
 same file: the weights the kernel rebuilds are the bfloat16 weights a load-time dequantization makes, so every
 product, and every logit of a model, is the same bits; and a row is still its decode step's in any block. Twins
-that must fail: weights rounded to bfloat16 by truncation, and nibbles regrouped in the wrong order."""
+that must fail: weights rounded to bfloat16 by truncation, nibbles and 2-bit values regrouped in the wrong order."""
 from __future__ import annotations
 
 import dataclasses
@@ -85,6 +85,13 @@ def test_the_product_check_catches_truncated_weights(runner):
 def test_the_product_check_catches_nibbles_in_the_wrong_order(runner, monkeypatch):
     monkeypatch.setattr(gguf_blocks, "pairs", lambda v: (v[:, 1::2] | v[:, 0::2] << 4).astype(np.uint8))
     got, expected = products(runner, gguf_blocks.Q4_K, 3)
+    assert not torch.equal(got, expected)
+
+
+def test_the_product_check_catches_two_bit_values_in_the_wrong_order(runner, monkeypatch):
+    monkeypatch.setattr(gguf_blocks, "quads", lambda v: (v[:, 3::4] | v[:, 2::4] << 2 | v[:, 1::4] << 4
+                                                         | v[:, 0::4] << 6).astype(np.uint8))
+    got, expected = products(runner, gguf_blocks.Q3_K, 3)
     assert not torch.equal(got, expected)
 
 
