@@ -279,15 +279,17 @@ def repeat_and_unfused(model, block, prompt: int, cache, repeats: int) -> list[s
     if any(not torch.equal(run(), first) for _ in range(repeats)):
         bad.append(f"the {len(block)}-row block run again")
     saved = model.exact_pass
-    model.exact_pass = ExactPass(model, dataclasses.replace(saved.tiles, fused_sums=False))
-    try:
-        plain = model.new_cache(cache.max_len)
-        plain.keys.copy_(cache.keys), plain.values.copy_(cache.values)
-        plain.length = prompt
-        if not torch.equal(model(block, plain), first):
-            bad.append("splits summed by the consumers")
-    finally:
-        model.exact_pass = saved
+    for what, change in (("splits summed by the consumers", dict(fused_sums=False)),
+                         ("the gated activation by its own kernel", dict(fused_act=False))):
+        model.exact_pass = ExactPass(model, dataclasses.replace(saved.tiles, **change))
+        try:
+            plain = model.new_cache(cache.max_len)
+            plain.keys.copy_(cache.keys), plain.values.copy_(cache.values)
+            plain.length = prompt
+            if not torch.equal(model(block, plain), first):
+                bad.append(what)
+        finally:
+            model.exact_pass = saved
     return bad
 
 
@@ -334,7 +336,7 @@ def check_rows(report, model, name, tiny):
     ok = not bad and not batch_bad
     report.section(f"exact rows ({name})", [
         f"- blocks of 1..{longest} rows and a {prompt}-row prompt chunk vs single steps, the {longest}-row block again"
-        f" {repeats} times and with split sums and attention merges unfused, bitwise: "
+        f" {repeats} times, with split sums and attention merges unfused and with the activation unfused, bitwise: "
         + ("all equal" if not bad else "DIFFER: " + ", ".join(bad)),
         "- batches of 1, 2, 4, 8, 12, 16 sequences (steps, blocks of 4-33 rows) vs each alone: "
         + ("all equal" if not batch_bad else "DIFFER: " + ", ".join(batch_bad[:10]))],
@@ -661,12 +663,15 @@ def check_against_transformers(report, model, hf, name):
 # (The H200 sweep of docs/bench/gpu-h200 found the 7B shape fastest with longer splits and 4 stages together, the
 # 1.5B shape slower so: each of the two apart tells which one moves which shape. Variants that lost on both shapes
 # there, 128-deep steps with 512-long splits and 8 warps, are left out.)
-# The last field: each product's last split adds the splits (Tiles.fused_sums), or the consumers do, one program
-# a row (the former default, whose per-row sums of long reductions cost the 7B shape ~10% of its step).
-PASS_VARIANTS = [(64, 64, 512, 4, 3, 64, True), (64, 64, 512, 4, 3, 64, False), (64, 64, 512, 4, 3, 256, True),
-                 (128, 64, 512, 4, 3, 64, True), (64, 64, 1024, 4, 3, 64, True), (64, 64, 512, 4, 4, 64, True),
-                 (64, 64, 1024, 4, 4, 64, True), (128, 64, 1024, 4, 3, 64, True), (64, 128, 1024, 4, 3, 64, True),
-                 (128, 128, 1024, 4, 4, 64, True)]
+# The last field, what the products fuse: "sums": each product's last split adds the splits (Tiles.fused_sums), else
+# the consumers do, one program a row (the former default, whose per-row sums of long reductions cost the 7B shape
+# ~10% of its step); "act": the gate|up product applies the gated activation too (Tiles.fused_act), else a kernel
+# of its own does.
+PASS_VARIANTS = [(64, 64, 512, 4, 3, 64, "sums act"), (64, 64, 512, 4, 3, 64, "sums"), (64, 64, 512, 4, 3, 64, "-"),
+                 (64, 64, 512, 4, 3, 256, "sums act"), (128, 64, 512, 4, 3, 64, "sums act"),
+                 (64, 64, 1024, 4, 3, 64, "sums act"), (64, 64, 512, 4, 4, 64, "sums act"),
+                 (64, 64, 1024, 4, 4, 64, "sums act"), (128, 64, 1024, 4, 3, 64, "sums act"),
+                 (64, 128, 1024, 4, 3, 64, "sums act"), (128, 128, 1024, 4, 4, 64, "sums act")]
 
 
 def tile_sweep(report, models, bandwidth, tiny):
@@ -674,13 +679,13 @@ def tile_sweep(report, models, bandwidth, tiny):
     the defaults by measurement."""
     from specdecode.gpu.exact_pass import ExactPass, Tiles
 
-    lines = ["| block_n | block_k | max split | warps | stages | attention split | fused sums | " + " | ".join(
+    lines = ["| block_n | block_k | max split | warps | stages | attention split | fused | " + " | ".join(
         f"{name} 1 row | {name} 8 rows" for name in models) + " |", "|---" * (7 + 2 * len(models)) + "|"]
     data = []
-    for variant in PASS_VARIANTS[:2] if tiny else PASS_VARIANTS:
+    for variant in PASS_VARIANTS[:3] if tiny else PASS_VARIANTS:
         block_n, block_k, max_split, warps, stages, attn_split, fused = variant
         tiles = Tiles(block_n=block_n, block_k=block_k, max_split=max_split, warps=warps, stages=stages,
-                      attn_split=attn_split, fused_sums=fused)
+                      attn_split=attn_split, fused_sums="sums" in fused, fused_act="act" in fused)
         cells = []
         for model in models.values():
             saved, model.exact_pass = model.exact_pass, ExactPass(model, tiles)

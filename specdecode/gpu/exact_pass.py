@@ -52,6 +52,9 @@ class Tiles:
     # consumers read one sum per row instead of one program per row reading every split; the last segment of a
     # row's attention merges the segments (in order), so no merge kernel is launched (triton_kernels.py).
     fused_sums: bool = True
+    # The gate|up product's tiles pair each gate column with its up column and their last split applies the gated
+    # activation (with fused_sums; a matrix whose gate and up are blocks of two types runs the activation kernel).
+    fused_act: bool = True
 
     def split_size(self, k: int) -> int:
         """Reduction length of one split of a product over k: from k alone (about k/8, so that small row counts
@@ -158,16 +161,19 @@ class ExactPass:
         return self._head(h)
 
     # ------------------------------------------------------------------ parts of a layer
-    def product(self, x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """The splits of x [rows, K] @ weight [N, K].T: float32 partial sums [splits, rows, N] and their count."""
+    def product(self, x: torch.Tensor, weight: torch.Tensor, gated: torch.Tensor | None = None,
+                gelu: bool = False) -> tuple[torch.Tensor, int]:
+        """The splits of x [rows, K] @ weight [N, K].T: float32 partial sums [splits, rows, N] and their count (one
+        sum where the kernel adds them). gated [rows, N / 2]: weight is [gate | up] and the kernel writes
+        act(gate) * up there instead (act: SiLU, or GELU where gelu)."""
         rows, k = x.shape
         n = weight.shape[0]
         t = self.tiles
         split = t.split_size(k)
         splits = -(-k // split)
         part = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
-        fuse = t.fused_sums and splits > 1
-        summed = torch.empty(1, rows, n, dtype=torch.float32, device=x.device) if fuse else part
+        fuse = t.fused_sums and splits > 1 or gated is not None
+        summed = gated if gated is not None else torch.empty(1, rows, n, dtype=torch.float32, device=x.device) if fuse else part
         # A matrix of GGUF blocks: one launch per run of one block type, each writing its columns of part
         parts = weight.parts if isinstance(weight, BlockWeight) else [BlockPart(0, 0, n, (weight,) * 6)]
         for p in parts:
@@ -176,7 +182,8 @@ class ExactPass:
             self.k.linear_partial_kernel[grid](x, *p.kernel_arrays(), part, summed, counts, rows, p.rows, k, p.first,
                                                n, splits, split, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                                                KIND=p.kind, DOT_F32=self.dot_f32, ROUND_BY_BITS=self.round_by_bits,
-                                               FUSE_SUM=fuse, num_warps=t.warps, num_stages=t.stages)
+                                               FUSE_SUM=fuse, PAIRED=gated is not None, GELU=gelu,
+                                               num_warps=t.warps, num_stages=t.stages)
         return (summed, 1) if fuse else (part, splits)
 
     def _arrivals(self, tiles: int, device) -> torch.Tensor:
@@ -234,15 +241,25 @@ class ExactPass:
         rows = x.shape[0]
         h = torch.empty(rows, c.hidden_size, dtype=self.act_dtype, device=x.device)
         self._residual(self.product(attn, layer.out_proj), x, layer.post_attn_norm, layer.mlp_norm, h)
-        part, splits = self.product(h, layer.gate_up)
-        act = torch.empty(rows, c.intermediate_size, dtype=self.act_dtype, device=x.device)
-        width = min(t.elementwise, triton_next_pow2(c.intermediate_size))
-        self.k.gated_act_kernel[(rows, -(-c.intermediate_size // width))](
-            part, act, rows, c.intermediate_size, splits, GELU=c.architecture.activation == "gelu_tanh", BLOCK=width)
+        act = self._gated(layer.gate_up, h)
         last = index + 1 == len(model.layers)
         following = model.final_norm if last else model.layers[index + 1].attn_norm
         self._residual(self.product(act, layer.down), x, layer.post_mlp_norm, following, h)
         return h
+
+    def _gated(self, gate_up, h: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up of the rows h [rows, hidden]: [rows, intermediate], in the product's tiles where they can
+        (one launch), else by the activation kernel over the product's sums."""
+        c, t = self.model.config, self.tiles
+        rows, inter, gelu = h.shape[0], c.intermediate_size, c.architecture.activation == "gelu_tanh"
+        act = torch.empty(rows, inter, dtype=self.act_dtype, device=h.device)
+        if t.fused_sums and t.fused_act and (not isinstance(gate_up, BlockWeight) or len(gate_up.parts) == 1):
+            self.product(h, gate_up, gated=act, gelu=gelu)
+            return act
+        part, splits = self.product(h, gate_up)
+        width = min(t.elementwise, triton_next_pow2(inter))
+        self.k.gated_act_kernel[(rows, -(-inter // width))](part, act, rows, inter, splits, GELU=gelu, BLOCK=width)
+        return act
 
     def _residual(self, product: tuple[torch.Tensor, int], x: torch.Tensor, post, norm, h: torch.Tensor) -> None:
         """x += the product (its splits summed in order; RMS-normed by `post` first where the architecture has it),

@@ -5,7 +5,8 @@ Every kernel gives row r a result computed from row r's inputs and position alon
   the reduction is split for parallelism at points fixed by the reduction length K alone (split_size), and
   the partial sums are added back in split order by the kernel that consumes them;
 - norms, the gated activation and the QKV epilogue: one program per row (or per row and column block), so a
-  row's reductions have one shape whatever else is in the pass;
+  row's reductions have one shape whatever else is in the pass; the gated activation may instead run in the
+  gate|up product's tiles, elementwise on the same sums (linear_partial_kernel's PAIRED);
 - attention: row r reduces its keys in chunks of ATTN_CHUNK, grouped into segments of a fixed size at fixed
   logical positions (0, SPLIT, 2 SPLIT, ...), and the segments are merged in ascending order: the same for a
   decode step, a verify block, a token tree, a prompt chunk and a batch.
@@ -158,7 +159,8 @@ def _to_bfloat16(w, BY_BITS: tl.constexpr):
 def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, part_ptr, sum_ptr, count_ptr,
                           M, N, K, COL0, NT, SPLITS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, KIND: tl.constexpr, DOT_F32: tl.constexpr,
-                          ROUND_BY_BITS: tl.constexpr, FUSE_SUM: tl.constexpr):
+                          ROUND_BY_BITS: tl.constexpr, FUSE_SUM: tl.constexpr, PAIRED: tl.constexpr = False,
+                          GELU: tl.constexpr = False):
     """part[s, m, COL0 + n] = sum over k in split s of x[m, k] * w[n, k]: x [M, K], part float32 [SPLITS, M, NT].
     KIND 0: w [N, K] row-major (bfloat16 or float32; the other array arguments unused); a ggml type (gguf_blocks):
     w is a matrix of GGUF blocks in gguf_blocks.py's arrays, whose bfloat16 weights are rebuilt per tile, so the
@@ -166,24 +168,35 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
 
     FUSE_SUM: the last split of a tile to finish (an arrival count per tile in count_ptr, zero before and after
     the launch) also adds the tile's splits, in ascending order as every consumer would, into sum [M, NT]. Which
-    program does it depends on timing; the sum's order does not, so its bits are the consumer's own."""
+    program does it depends on timing; the sum's order does not, so its bits are the consumer's own.
+
+    PAIRED (with FUSE_SUM; w is [gate | up], N = 2 INTER): a tile's lanes 2i and 2i+1 are gate column
+    pid_n BLOCK_N / 2 + i and its up column, and the tile's sum is act(gate) * up, stored to sum [M, INTER] in its
+    dtype: the gated activation's own formula on the same sums, with no kernel of its own."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    lanes = tl.arange(0, BLOCK_N)
+    if PAIRED:
+        pairs = pid_n * (BLOCK_N // 2) + lanes // 2
+        cols = pairs + (lanes % 2) * (N // 2)
+        live = pairs < N // 2
+    else:
+        cols = pid_n * BLOCK_N + lanes
+        live = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(0, SPLIT, BLOCK_K):
         k0 = split * SPLIT + step
         ks = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None] * K + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
         if KIND == 0:
-            w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=(cols[:, None] < N) & (ks[None, :] < K), other=0.0)
+            w = tl.load(w_ptr + cols[:, None] * K + ks[None, :], mask=live[:, None] & (ks[None, :] < K), other=0.0)
         else:
             w = _to_bfloat16(_block_weights(w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, cols, k0, N, K, KIND,
                                             BLOCK_N, BLOCK_K), ROUND_BY_BITS)
         acc = _dot(x.to(w.dtype), tl.trans(w), acc, DOT_F32)
-    inside = (rows[:, None] < M) & (cols[None, :] < N)
+    inside = (rows[:, None] < M) & live[None, :]
     at = rows[:, None] * NT + COL0 + cols[None, :]
     tl.store(part_ptr + split * M * NT + at, acc, mask=inside)
     if FUSE_SUM:
@@ -193,7 +206,14 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
             total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in range(0, SPLITS):  # ".cg": read from L2, where the other programs' stores are
                 total += tl.load(part_ptr + s * M * NT + at, mask=inside, other=0.0, cache_modifier=".cg")
-            tl.store(sum_ptr + at, total, mask=inside)
+            if PAIRED:
+                gate, up = tl.split(tl.reshape(total, (BLOCK_M, BLOCK_N // 2, 2)))
+                pair = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+                tl.store(sum_ptr + rows[:, None] * (N // 2) + pair[None, :],
+                         _gated(gate, up, GELU).to(sum_ptr.dtype.element_ty),
+                         mask=(rows[:, None] < M) & (pair < N // 2)[None, :])
+            else:
+                tl.store(sum_ptr + at, total, mask=inside)
             tl.atomic_xchg(tile, 0)  # zero again for the next launch (and the next replay of a graph)
 
 
@@ -263,12 +283,18 @@ def gated_act_kernel(part_ptr, out_ptr, M, INTER: tl.constexpr, SPLITS: tl.const
     mask = cols < INTER
     gate = _sum_splits(part_ptr, row, cols, mask, M, 2 * INTER, SPLITS, BLOCK)
     up = _sum_splits(part_ptr, row, cols + INTER, mask, M, 2 * INTER, SPLITS, BLOCK)
-    if GELU:  # tanh-approximated GELU; tanh(z) = 1 - 2 / (exp(2z) + 1)
+    tl.store(out_ptr + row * INTER + cols, _gated(gate, up, GELU).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gated(gate, up, GELU: tl.constexpr):
+    """act(gate) * up in float32: SiLU, or GELU's tanh approximation (tanh(z) = 1 - 2 / (exp(2z) + 1))."""
+    if GELU:
         z = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
         act = 0.5 * gate * (2.0 - 2.0 / (tl.exp(2.0 * z) + 1.0))
     else:
         act = gate / (1.0 + tl.exp(-gate))
-    tl.store(out_ptr + row * INTER + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+    return act * up
 
 
 @triton.jit(do_not_specialize=["M"])

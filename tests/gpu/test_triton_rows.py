@@ -132,13 +132,13 @@ def test_a_row_among_other_sequences_rows_is_the_row_alone():
 class SplitFromRows(ExactPass):
     """Broken: a product's split length chosen from the row count (a 'more rows, fewer splits' heuristic)."""
 
-    def product(self, x, weight):
+    def product(self, x, weight, **gated):
         if x.shape[0] == 1:
-            return super().product(x, weight)
+            return super().product(x, weight, **gated)
         self.tiles, saved = dataclasses.replace(self.tiles, max_split=self.tiles.max_split * 2,
                                                 block_k=self.tiles.block_k * 2), self.tiles
         try:
-            return super().product(x, weight)
+            return super().product(x, weight, **gated)
         finally:
             self.tiles = saved
 
@@ -157,12 +157,12 @@ class AttentionSplitByCount(ExactPass):
 class TileSwitchAtFourRows(ExactPass):
     """Broken: another reduction tile from 4 rows on (as a library picks a kernel by shape)."""
 
-    def product(self, x, weight):
+    def product(self, x, weight, **gated):
         if x.shape[0] < 4:
-            return super().product(x, weight)
+            return super().product(x, weight, **gated)
         self.tiles, saved = dataclasses.replace(self.tiles, block_k=self.tiles.block_k // 2), self.tiles
         try:
-            return super().product(x, weight)
+            return super().product(x, weight, **gated)
         finally:
             self.tiles = saved
 
@@ -191,7 +191,10 @@ def test_the_test_tiles_split_every_product_and_the_attention():
 
 # ------------------------------------------------------------------ fused split sums
 class SumsInReverse(ExactPass):
-    """Broken: a product's splits summed last to first."""
+    """Broken: a product's splits summed last to first (the activation by its own kernel, over these sums)."""
+
+    def __init__(self, model, tiles, **options):
+        super().__init__(model, dataclasses.replace(tiles, fused_act=False), **options)
 
     def product(self, x, weight):
         self.tiles, saved = dataclasses.replace(self.tiles, fused_sums=False), self.tiles
@@ -219,3 +222,37 @@ def test_sums_fused_into_the_products_are_the_consumers_sums():
 
 def test_the_fused_sum_check_catches_another_order():
     assert not fused_matches_unfused(SumsInReverse)
+
+
+# ------------------------------------------------------------------ the gated activation in the gate|up product
+class PairedWithTheNeighbour(ExactPass):
+    """Broken: the product pairs each gate column with the next column's up (the up half rolled by one)."""
+
+    def _gated(self, gate_up, h):
+        gate, up = gate_up.chunk(2)
+        return super()._gated(torch.cat([gate, up.roll(1, 0)]), h)
+
+
+def fused_act_matches_kernel(name: str, pass_type=ExactPass, intermediate: int = 96) -> bool:
+    """A prompt block's logits with act(gate) * up computed in the gate|up product's tiles against the activation
+    kernel's. 96 pairs: the second 64-pair tile of the test tiles is half empty."""
+    from gpu_models import on_gpu_path
+    from testlib import TINY_CONFIGS, make_tiny_model
+
+    def model(pass_type, tiles):
+        built = make_tiny_model(seed=9, max_positions=64, intermediate_size=intermediate, **TINY_CONFIGS[name])
+        return on_gpu_path(built, pass_type, tiles)
+
+    fused = model(pass_type, TEST_TILES)
+    plain = model(ExactPass, dataclasses.replace(TEST_TILES, fused_act=False))
+    tokens = tokens_for(plain, 6, seed=4)
+    return torch.equal(fused(tokens, fused.new_cache()), plain(tokens, plain.new_cache()))
+
+
+@pytest.mark.parametrize("name", ["qwen2-gqa-bias", "gemma3-windowed"])  # SiLU, GELU
+def test_the_activation_in_the_gate_up_product_is_the_activation_kernels(name):
+    assert TEST_TILES.fused_act and fused_act_matches_kernel(name)
+
+
+def test_the_fused_activation_check_catches_a_gate_paired_with_the_wrong_up():
+    assert not fused_act_matches_kernel("qwen2-gqa-bias", PairedWithTheNeighbour)
