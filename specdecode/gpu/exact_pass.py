@@ -173,7 +173,11 @@ class ExactPass:
         splits = -(-k // split)
         part = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
         fuse = t.fused_sums and splits > 1 or gated is not None
-        summed = gated if gated is not None else torch.empty(1, rows, n, dtype=torch.float32, device=x.device) if fuse else part
+        summed = part
+        if gated is not None:
+            summed = gated
+        elif fuse:
+            summed = torch.empty(1, rows, n, dtype=torch.float32, device=x.device)
         # A matrix of GGUF blocks: one launch per run of one block type, each writing its columns of part
         parts = weight.parts if isinstance(weight, BlockWeight) else [BlockPart(0, 0, n, (weight,) * 6)]
         for p in parts:
@@ -237,7 +241,7 @@ class ExactPass:
     def _mlp(self, layer, index: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Output projection and residual, MLP and residual (x updated in place); returns the next product's
         input: the next layer's normed rows, or the final norm's."""
-        model, c, t = self.model, self.model.config, self.tiles
+        model, c = self.model, self.model.config
         rows = x.shape[0]
         h = torch.empty(rows, c.hidden_size, dtype=self.act_dtype, device=x.device)
         self._residual(self.product(attn, layer.out_proj), x, layer.post_attn_norm, layer.mlp_norm, h)
