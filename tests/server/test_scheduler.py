@@ -403,6 +403,59 @@ def test_one_client_filling_the_queue_leaves_room_for_another():
     assert refused.status == 429 and flooded == 9 and other.state == "queued"
 
 
+def flood(scheduler, lane: str) -> int:
+    """Requests of one lane accepted before its 429."""
+    accepted = 0
+    with pytest.raises(ApiError) as refused:
+        while True:
+            scheduler.submit(Job(request(), user_key=lane))
+            accepted += 1
+    assert refused.value.status == 429
+    return accepted
+
+
+@pytest.mark.parametrize("flooders", [2, 3, 5])
+def test_lanes_flooding_the_queue_leave_a_place_for_another_clients_first_request(flooders):
+    """One lane held at most three quarters of the room: two lanes (two addresses, or two keys) took every place and a
+    third client's first request got 429 (review turn5 #2). The last quarter is now kept for lanes holding none."""
+    async def scenario():
+        scheduler = Scheduler(tiny_engine(), "none", 16, ServerMetrics("fake"), max_batch=8)  # room: 16 + 8 free
+        accepted = [flood(scheduler, f"flooder-{index}") for index in range(flooders)]
+        first = Job(request(), user_key="newcomer")
+        scheduler.submit(first)  # no 429
+        with pytest.raises(ApiError):  # a lane holding a place draws on the flooders' share, which is full
+            scheduler.submit(Job(request(), user_key="newcomer"))
+        queued = len(scheduler.queue)
+        scheduler.close()
+        return accepted, first, queued
+
+    accepted, first, queued = asyncio.run(scenario())
+    assert first.state == "queued" and queued <= 24  # the global bound holds
+    assert accepted[0] == 18 and all(count == 1 for count in accepted[1:])
+
+
+def test_a_clients_ipv6_addresses_of_one_64_are_one_lane():
+    from specdecode.server.http_parts import queue_lane
+    from specdecode.server.scheduler import client_lane, peer_group
+
+    assert peer_group("2001:db8:1:2:aaaa::1") == peer_group("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert peer_group("2001:db8:1:3::1") != peer_group("2001:db8:1:2::1")
+    assert peer_group("::ffff:10.0.0.1") == "10.0.0.1" and peer_group("10.0.0.1") == "10.0.0.1"
+    assert peer_group("fe80::1%eth0") == "fe80::/64" and peer_group("?") == "?"
+    lane = client_lane(queue_lane("k1", "2001:db8::7"))
+    assert lane == client_lane(queue_lane("k1", "2001:db8::8")) == client_lane(lane)
+    assert lane != client_lane(queue_lane("k2", "2001:db8::7"))
+    assert client_lane(queue_lane("", "127.0.0.2")) == queue_lane("", "127.0.0.2") and client_lane("u") == "u"
+
+    async def scenario():
+        scheduler = Scheduler(tiny_engine(), "none", 16, ServerMetrics("fake"), max_batch=8)
+        accepted = [flood(scheduler, queue_lane("", f"2001:db8::{index}")) for index in range(1, 4)]
+        scheduler.close()
+        return accepted
+
+    assert asyncio.run(scenario()) == [18, 0, 0]  # the second and third addresses are the first's lane
+
+
 def test_a_request_failing_in_its_verdict_fails_alone(monkeypatch):
     """One request's exception in the batch's pass (a temperature of 1e-300 made NaN probabilities) failed the pass:
     every request in it got a 500. Its verdict is its own: it fails alone, the others keep their tokens."""
