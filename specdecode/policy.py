@@ -225,6 +225,30 @@ class ConfidenceCalibration:
         return (self.successes[b] + centre * self.prior_weight) / (self.trials[b] + self.prior_weight)
 
 
+class ChainCap:
+    """How long a draft model's chain may grow in this request: short while nothing is known, longer as drafts land.
+
+    The stop rule's calibration pools earlier requests, so on text the draft predicts badly it still drafts long
+    chains whose passes are wasted. A request's first model draft is therefore a cheap probe of `start` tokens;
+    the cap doubles each time a whole chain is accepted (up to `limit`) and falls to one token when a chain's
+    first token is rejected (the next probe is the cheapest there is). Chains that are partly accepted keep the
+    cap: the stop rule already ends them.
+    """
+
+    def __init__(self, start: int, limit: int):
+        self.start = max(1, start)
+        self.limit = max(self.start, limit)
+        self.value = self.start
+
+    def observe(self, accepted: int, drafted: int) -> None:
+        if drafted == 0:
+            return
+        if accepted == drafted:
+            self.value = min(self.limit, max(self.value, drafted) * 2)
+        elif accepted == 0:
+            self.value = 1
+
+
 class DraftStopRule(StopRule):
     """Decides, token by token, how far a draft model's chain is worth taking (adaptive K within a step).
 
@@ -235,12 +259,13 @@ class DraftStopRule(StopRule):
     """
 
     def __init__(self, costs: CostModel, drafter: str, calibration: ConfidenceCalibration, min_confidence: float = 0.0,
-                 params: TuningParams = DEFAULT):
+                 params: TuningParams = DEFAULT, cap: ChainCap | None = None):
         self.costs = costs
         self.params = params
         self.drafter = drafter
         self.calibration = calibration
         self.min_confidence = min_confidence
+        self.cap = cap  # a draft model's chains: at most cap.value tokens (None: no cap)
         self.first_expected = 0.0  # decayed sums over this generation's first draft tokens
         self.first_accepted = 0.0
 
@@ -281,6 +306,8 @@ class DraftStopRule(StopRule):
 
     def extend(self, drafted: int, chain_prob: float, confidence: float) -> bool:
         """After keeping `drafted` tokens with this chain_prob, is another draft pass worth paying?"""
+        if self.cap is not None and drafted >= self.cap.value:
+            return False
         step = self.costs.target_cost(1)
         draft = self.costs.draft.get(self.drafter)
         if step is None or draft is None:

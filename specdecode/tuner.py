@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .drafters.base import Drafter, StopRule
-from .policy import ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule, MinConfidenceRule
+from .policy import ChainCap, ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule, MinConfidenceRule
 from .stats import GenerationStats
 from .tuning_params import DEFAULT, TuningParams
 
@@ -82,12 +82,15 @@ class GenerationTuning:
         self.target_prefill = target_prefill
         # A pinned K drafts exactly K; an adaptive one also ends each chain where it stops paying.
         chain_rule = drafter is not None and drafter.traits.stop_rule and fixed_k is None
+        # An adaptive draft model's chains start as cheap probes and grow as this request's drafts are accepted.
+        self.model_cap = ChainCap(self.params.probe_chain, max_k) if chain_rule and drafter.model_drafter else None
         self.stop_rule = self._stop_rule(chain_rule, min_confidence if drafter is not None and drafter.model_drafter else 0.0)
         self.policy = DraftLengthPolicy(self.costs, self.name, fixed_k if drafter else 0, max_k,
                                         chain_stops_itself=chain_rule,
                                         drafts_are_free=chain_rule and not drafter.traits.reads_prompt, params=self.params)
         self.budget, self.generated = 0, 0
         self.model_steps, self.model_tokens, self.model_seconds, self.model_refusals = 0, 0.0, 0.0, 0
+        self.probe_gap = self.params.probe_every  # refused chances before the model probes again (doubles each time)
         if chain_rule and self.name in self.learned.drafting_speedup:
             low, high = self.params.prior_speedup_range
             self.policy.prior_speedup = min(high, max(low, self.learned.drafting_speedup[self.name]))
@@ -102,7 +105,8 @@ class GenerationTuning:
         return None
 
     def rule_for(self, source: str, min_confidence: float = 0.0) -> DraftStopRule:
-        return DraftStopRule(self.costs, source, self._calibration(source), min_confidence, self.params)
+        cap = self.model_cap if source == "draft" else None  # "draft": the model's source, alone or in auto
+        return DraftStopRule(self.costs, source, self._calibration(source), min_confidence, self.params, cap)
 
     def _calibration(self, source: str) -> ConfidenceCalibration:
         calibrations = self.learned.calibrations
@@ -179,6 +183,8 @@ class GenerationTuning:
         wasted = draft.forward_passes > len(draft.tokens) and not draft.is_tree
         seconds = self._steady_seconds(step, source)
         self.policy.update(step.accepted, draft.drafted, wasted=int(wasted), seconds=seconds, tokens=len(step.tokens))
+        if source == "draft" and self.model_cap is not None:
+            self.model_cap.observe(step.accepted, draft.drafted)
         if draft.source == "draft":  # a multi-source drafter's model steps, judged on their own
             self.model_steps += 1
             decay = self.params.rate_decay
@@ -241,16 +247,37 @@ class GenerationTuning:
         self.learned.drafting_speedup[name] = measured if old is None else keep * old + (1 - keep) * measured
 
     def model_pays(self, context: list[int]) -> bool:
-        """For a multi-source drafter: is drafting with its model worth it now? Not where the model's recent
-        speedup was below 1 (but every `params.probe_every`-th chance still probes it), nor where reading the prompt
-        into it would cost more than drafting the rest of the answer can save."""
-        prior = self.learned.drafting_speedup.get("draft")
-        if prior is not None and prior < 1.0:
-            self.model_refusals += 1
-            if self.model_refusals % self.params.probe_every:
-                return False
+        """For a multi-source drafter: is drafting with its model worth it now? Not where its expected speedup
+        (`model_speedup`) is below 1, except for a probe now and then (after `params.probe_every` refused chances,
+        then twice as many after each probe: a request that keeps losing probes ever more rarely), nor where
+        reading the prompt into it would cost more than drafting the rest of the answer can save."""
+        speedup = self.model_speedup()
+        if speedup is not None and speedup < 1.0 and not self._probe_due():
+            return False
         unread = self.drafter.model.unread_tokens(context)
         return unread <= 2 or self.draft_prefill_pays(self.budget, self.generated, "draft", unread)
+
+    def model_speedup(self) -> float | None:
+        """The draft model's expected speedup over plain decoding for the rest of this request: its own model
+        steps so far (tokens per second against a plain step's), beside a prior worth
+        `params.request_prior_steps` steps at what this namespace's earlier requests measured (or
+        `params.prior_speedup`); before any model step, that history alone (None: nothing known)."""
+        history = self.learned.drafting_speedup.get("draft")
+        plain = self.costs.target_cost(1)
+        if self.model_steps == 0 or plain is None:
+            return history
+        low, high = self.params.prior_speedup_range
+        prior = min(high, max(low, history if history is not None else self.params.prior_speedup))
+        weight = self.params.request_prior_steps
+        return (self.model_tokens + weight * prior) / (self.model_seconds + weight * plain) * plain
+
+    def _probe_due(self) -> bool:
+        self.model_refusals += 1
+        if self.model_refusals < self.probe_gap:
+            return False
+        self.model_refusals = 0
+        self.probe_gap *= 2
+        return True
 
 
 class SourceRules(StopRule):

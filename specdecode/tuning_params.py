@@ -29,6 +29,11 @@ class TuningParams:
     remembered_speedup_keep: float = 0.6  # weight of the older generations in the remembered speedup
     min_steps_to_remember: int = 3  # drafting steps a generation needs before its speedup is remembered
 
+    # --- a draft model within one request (GenerationTuning.model_pays, ChainCap)
+    request_prior_steps: float = 3.0  # steps' worth of the prior speedup beside this request's own model steps:
+    # one failed probe does not outweigh it, two do, so a request the draft predicts badly stops within a few passes
+    probe_chain: int = 2  # a request's first model draft is at most this long; it doubles while drafts are accepted
+
     # --- confidence against acceptance (ConfidenceCalibration)
     calibration_bins: int = 10  # bins of the draft's confidence, each learning its own acceptance rate
     calibration_prior_weight: float = 4.0  # each bin starts at its centre, worth four judged tokens

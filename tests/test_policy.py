@@ -157,3 +157,92 @@ def test_the_tuning_parameters_reach_the_policy_and_the_tuner():
     assert tuner.costs.smoothing == params.cost_smoothing
     tuning = tuner.start(None, None, 8)
     assert tuning.params is params
+
+
+def test_a_draft_models_chain_starts_short_and_grows_only_as_its_drafts_are_accepted():
+    """Issue 66: a request's first model draft is a cheap probe; whole chains accepted double the cap."""
+    from specdecode.policy import ChainCap
+
+    cap = ChainCap(start=2, limit=15)
+    rule = DraftStopRule(costs(draft=0.0), "draft", ConfidenceCalibration(), cap=cap)
+    assert rule.extend(1, 0.99, 0.99) and not rule.extend(2, 0.99, 0.99)  # a sure draft still stops at 2
+    seen = []
+    for accepted, drafted in [(2, 2), (4, 4), (3, 8), (8, 8), (15, 15), (0, 4), (1, 2)]:
+        cap.observe(accepted, drafted)
+        seen.append(cap.value)
+    # doubled on whole chains (to the limit), kept where a chain was partly accepted, one token after a miss
+    assert seen == [4, 8, 8, 15, 15, 1, 1]
+    cap.observe(1, 1)
+    cap.observe(0, 0)  # a step that drafted nothing says nothing
+    assert cap.value == 2
+
+
+class _Model:
+    def unread_tokens(self, context):
+        return 0
+
+
+class _Auto:
+    """What the tuner reads of an auto drafter with a draft model."""
+    name = "auto"
+    sources = ("lookup", "store", "draft")
+
+    def __init__(self):
+        from specdecode.drafters.base import DrafterTraits
+        self.traits = DrafterTraits(stop_rule=True, max_k=15)
+        self.model = _Model()
+        self.model_drafter = self.model
+
+
+def _model_step(tuning, accepted, drafted, seconds):
+    from specdecode.drafters.base import Draft
+    from specdecode.step import StepResult
+
+    draft = Draft(tokens=[1] * drafted, forward_passes=drafted, source="draft", confidences=[0.9] * drafted)
+    step = StepResult(tokens=[1] * (accepted + 1), origins=[], draft=draft, draft_seconds=seconds / 2,
+                      verify_seconds=seconds / 2)
+    tuning.observe(step, record_cost=False, record_draft_cost=False)
+
+
+def _auto_tuning(history=None):
+    from specdecode.tuner import Tuner
+
+    tuner = Tuner()
+    tuner.costs = costs()  # a plain step 0.33 s
+    if history is not None:
+        tuner.learned().drafting_speedup["draft"] = history
+    tuning = tuner.start(_Auto(), None, 15)
+    tuning.budget, tuning.generated = 64, 0
+    return tuning
+
+
+def test_a_request_the_draft_model_predicts_badly_stops_drafting_within_two_passes():
+    """Issue 66: the request's own model steps, beside a prior worth 3 steps, decide; probes then come ever
+    more rarely (12 refused chances, then 24, ...)."""
+    tuning = _auto_tuning()
+    assert tuning.model_pays([1, 2, 3])  # nothing known: the model may draft
+    _model_step(tuning, accepted=0, drafted=2, seconds=0.5)  # 1 token in 0.5 s against a plain step's 0.33
+    assert tuning.model_pays([1, 2, 3])  # one miss against the prior's 3 steps at 1.2x: still drafting
+    _model_step(tuning, accepted=0, drafted=2, seconds=0.5)
+    assert tuning.model_speedup() < 1.0
+    chances = [tuning.model_pays([1, 2, 3]) for _ in range(12 + 24)]
+    assert [i for i, ok in enumerate(chances) if ok] == [11, 35]  # a probe at the 12th, then the 24th refusal
+
+
+def test_a_request_the_draft_model_predicts_well_keeps_drafting_long_chains():
+    """Issue 66: the probes cut no long runs: whole chains accepted keep the model drafting, the cap growing."""
+    tuning = _auto_tuning(history=0.9)  # even where this namespace's earlier requests lost
+    rule = tuning.stop_rule.for_source("draft")
+    assert rule.cap.value == 2
+    _model_step(tuning, accepted=2, drafted=2, seconds=0.45)  # 3 tokens in 0.45 s
+    for expected_cap in (8, 15, 15):
+        assert tuning.model_pays([1, 2, 3])
+        _model_step(tuning, accepted=rule.cap.value, drafted=rule.cap.value, seconds=0.5 + 0.05 * rule.cap.value)
+        assert rule.cap.value == expected_cap
+    assert tuning.model_speedup() > 2.0 and tuning.model_pays([1, 2, 3])
+
+
+def test_a_losing_history_alone_refuses_the_model_but_probes_it():
+    tuning = _auto_tuning(history=0.8)
+    chances = [tuning.model_pays([1, 2, 3]) for _ in range(12)]
+    assert chances == [False] * 11 + [True]
