@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="humaneval, specbench, copy-heavy workloads built from HumanEval: codeedit (edit a"
                         " given function), codeedit-own (edit a function the default target wrote), chat3"
                         " (three-turn chats restating the function), or short (everyday short answers: chat,"
-                        " math, translation, extraction, lists)")
+                        " math, translation, extraction, lists, other languages, SQL, JSON, summaries)")
     b.add_argument("--limit", type=int, default=10, help="prompts (per category for specbench and short)")
     b.add_argument("--offset", type=int, default=0, help="skip this many prompts (per category) first, to continue an earlier run")
     b.add_argument("--categories", default=None, help="comma-separated categories (specbench, short)")

@@ -49,7 +49,8 @@ def test_the_prompt_sets_come_with_the_package(monkeypatch, tmp_path):
 def test_the_short_suite_needs_no_files_and_takes_limits_per_style(tmp_path):
     short = load_suite("short", tmp_path, 2)
     assert [p.id for p in short[:2]] == ["chat-1", "chat-2"]
-    assert len(short) == 10 and {p.category for p in short} == {"chat", "math", "translation", "extraction", "list"}
+    assert len(short) == 18 and {p.category for p in short} == {"chat", "math", "translation", "extraction", "list",
+                                                                "languages", "sql", "json", "summary"}
     assert [p.id for p in load_suite("short", tmp_path, 1, ["math"], offset=2)] == ["math-3"]
 
 
@@ -85,6 +86,19 @@ def test_summary_speedup_and_acceptance_by_draft_length():
     assert set(per_k) == {"draft"}  # plain decoding and K=0 steps draft nothing
     assert per_k["draft"][4] == {"steps": 4, "accepted": 12, "alpha": 0.75}
     assert per_k["draft"][2]["alpha"] == pytest.approx(0.25)
+
+
+def test_every_prompts_ratio_is_reported_and_the_worst_is_named():
+    """Issue 66: a drafter must not lose on any one prompt, so each prompt's ratio is kept, the worst named."""
+    from specdecode.bench.report import prompt_table
+    from specdecode.bench.runner import per_prompt_table
+
+    rows = [row("ar", 20, 10.0, prompt="a"), row("auto", 20, 5.0, prompt="a"),
+            row("ar", 20, 10.0, prompt="b"), row("auto", 20, 12.5, prompt="b")]
+    assert summarise(rows)["auto"]["worst_prompt"] == "b"
+    table = per_prompt_table(rows)
+    assert table == {"auto": {"a": pytest.approx(2.0), "b": pytest.approx(0.8)}}
+    assert prompt_table(table)[2:] == ["| b | 0.80x |", "| a | 2.00x |"]
 
 
 def test_bench_end_to_end_on_a_real_model(cli, bench_dir, tmp_path, smollm2):

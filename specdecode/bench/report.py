@@ -15,8 +15,24 @@ def method_table(summary: dict) -> list[str]:
         identical = "-" if s["identical"] is None else f"{s['identical']}/{s['total']}"
         lines.append(
             f"| {method} | {s['tokens_per_s']:.2f} | {_fmt(s['speedup'], '{:.2f}x')} | {_fmt(s['median_speedup'], '{:.2f}x')}"
-            f" | {_fmt(s.get('worst_speedup'), '{:.2f}x')} | {_fmt(s.get('decode_speedup'), '{:.2f}x')} | {_fmt(s['alpha'])} | {_fmt(s['tau'])} | {s['mean_k']:.1f} | {identical} |"
+            f" | {_worst(s)} | {_fmt(s.get('decode_speedup'), '{:.2f}x')} | {_fmt(s['alpha'])} | {_fmt(s['tau'])} | {s['mean_k']:.1f} | {identical} |"
         )
+    return lines
+
+
+def _worst(s: dict) -> str:
+    worst = _fmt(s.get("worst_speedup"), "{:.2f}x")
+    return f"{worst} ({s['worst_prompt']})" if s.get("worst_prompt") else worst
+
+
+def prompt_table(per_prompt: dict[str, dict[str, float]]) -> list[str]:
+    """Each prompt's ratio to plain decoding per method, the prompts ordered by their worst ratio."""
+    methods = list(per_prompt)
+    prompts = sorted({p for ratios in per_prompt.values() for p in ratios},
+                     key=lambda p: min(per_prompt[m].get(p, float("inf")) for m in methods))
+    lines = ["| prompt | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for prompt in prompts:
+        lines.append(f"| {prompt} | " + " | ".join(_fmt(per_prompt[m].get(prompt), "{:.2f}x") for m in methods) + " |")
     return lines
 
 
@@ -106,6 +122,9 @@ def write_report(results: dict, out_dir: Path) -> str:
                   "alpha of the steps that drafted K tokens (number of such steps in brackets); with adaptive K the"
                   " engine chooses K, so long drafts are the confident ones.", "",
                   *acceptance_table(results["acceptance_by_k"]), ""]
+    if results.get("per_prompt"):
+        lines += ["## Per prompt", "", "Tokens/s against plain decoding on the same prompt, the worst first.", "",
+                  *prompt_table(results["per_prompt"]), ""]
     if results.get("peers"):
         from .peers import peer_table
 

@@ -144,11 +144,8 @@ def summarise(rows: list[Row]) -> dict:
         tps = _tps(items)
         decode = _tps(items, decode_only=True)
         drafted = sum(r.drafted for r in items)
-        ratios = [
-            r.tokens_per_s / base_by_key[(r.prompt_id, r.turn)].tokens_per_s
-            for r in items
-            if (r.prompt_id, r.turn) in base_by_key and base_by_key[(r.prompt_id, r.turn)].tokens_per_s > 0
-        ]
+        per_prompt = prompt_ratios(items, base_by_key)
+        ratios = list(per_prompt.values())
         compared = [r for r in items if r.identical is not None]
         out[method] = {
             "tokens_per_s": tps,
@@ -158,6 +155,7 @@ def summarise(rows: list[Row]) -> dict:
             "median_speedup": statistics.median(ratios) if ratios and method != "ar" else None,
             # The prompt where this method fared worst against plain decoding (a drafter must not lose anywhere).
             "worst_speedup": min(ratios) if ratios and method != "ar" else None,
+            "worst_prompt": min(per_prompt, key=per_prompt.get) if ratios and method != "ar" else None,
             "alpha": sum(r.accepted for r in items) / drafted if drafted else None,
             "tau": sum(r.new_tokens for r in items) / max(1, sum(r.target_passes for r in items)),
             "mean_k": statistics.fmean(r.mean_k for r in items),
@@ -172,6 +170,24 @@ def summarise(rows: list[Row]) -> dict:
         prefill = sum(r.prefill_seconds for r in base)
         out["ar"]["prefill_ceiling"] = sum(r.seconds for r in base) / prefill if prefill > 0 else None
     return out
+
+
+def prompt_ratios(items: list[Row], base_by_key: dict) -> dict[str, float]:
+    """Per prompt (and turn, for multi-turn suites): tokens/s against plain decoding's on the same prompt."""
+    out = {}
+    for r in items:
+        base = base_by_key.get((r.prompt_id, r.turn))
+        if base is not None and base.tokens_per_s > 0:
+            out[r.prompt_id if r.turn == 0 else f"{r.prompt_id} turn {r.turn + 1}"] = r.tokens_per_s / base.tokens_per_s
+    return out
+
+
+def per_prompt_table(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """Per method other than plain decoding: every prompt's ratio to plain decoding (issue 66: a drafter must not
+    lose on any one prompt, so the report lists them, the worst first)."""
+    base_by_key = {(r.prompt_id, r.turn): r for r in rows if r.method == "ar"}
+    methods = dict.fromkeys(r.method for r in rows if r.method != "ar")
+    return {m: prompt_ratios([r for r in rows if r.method == m], base_by_key) for m in methods} if base_by_key else {}
 
 
 def _tps(rows: list[Row], decode_only: bool = False) -> float:
@@ -252,6 +268,7 @@ def run_bench_cli(args) -> int:
         "by_category": summarise_by_category(rows),
         "by_turn": summarise_by_turn(rows),
         "acceptance_by_k": acceptance_by_k(rows),
+        "per_prompt": per_prompt_table(rows),
         "rows": [asdict(r) for r in rows],
         "peers": None,
     }

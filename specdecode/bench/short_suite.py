@@ -2,7 +2,8 @@
 
 Where an answer is short and repeats little of its prompt, a drafter has little to copy and a few failed
 drafts already cost more than they save: the suite checks that the default drafter does not lose there
-(run it at 64 new tokens and read the per-prompt worst ratio). Five styles, six prompts each.
+(run it at 64 new tokens and read the per-prompt worst ratio). Nine styles, six prompts each: answers in other
+languages and scripts, SQL, JSON and summaries are where a draft model is most often wrong on first sight.
 """
 from __future__ import annotations
 
@@ -54,6 +55,47 @@ PROMPTS = {
         "List the steps to change a flat tyre on a bicycle.",
         "What are four habits that help people sleep better? One line each.",
         "List five questions to ask a landlord before renting a flat.",
+    ),
+    "languages": (
+        "한국어로 대답해 주세요: 서울에서 처음 여행하는 사람에게 추천할 만한 음식 세 가지는 무엇인가요?",
+        "用中文回答：为什么秋天的树叶会变成黄色和红色？请简单解释。",
+        "日本語で答えてください：雨の日に家で楽しめる過ごし方を三つ教えてください。",
+        "Ответь по-русски: как лучше подготовиться к первому забегу на пять километров?",
+        "أجب باللغة العربية: ما هي فوائد شرب الماء بانتظام خلال اليوم؟",
+        "Responde en español: ¿qué consejos darías a alguien que quiere empezar a ahorrar dinero cada mes?",
+    ),
+    "sql": (
+        "Write a SQL query that returns the ten customers with the highest total order value from tables "
+        "customers(id, name) and orders(id, customer_id, amount).",
+        "In SQL, how do I find duplicate email addresses in a table users(id, email)? Give only the query.",
+        "Write a PostgreSQL query for the number of signups per week in 2024 from accounts(id, created_at).",
+        "Create a SQL table for library loans: a book, a member, the loan date and the return date, with keys.",
+        "Write a SQL query listing departments whose average salary exceeds 60000, from employees(id, dept, salary).",
+        "Give a SQL UPDATE that raises by 5% the price of every product in category 'garden' in products(id, "
+        "category, price).",
+    ),
+    "json": (
+        "Return a JSON object describing a book with title, author, year and a list of three genres. Only JSON.",
+        "Give me a JSON array of four European capitals, each an object with name, country and population.",
+        "Convert to JSON with keys name, age and hobbies: 'Maya is 29 and enjoys climbing, chess and baking.'",
+        "Write a JSON configuration for a web server: port 8080, two allowed origins, logging level 'info'.",
+        "Produce a JSON object for a weather forecast: city Lisbon, three days, each with a date, high, low and sky.",
+        "Answer only with JSON: an object mapping the weekdays Monday to Friday to a short workout for each.",
+    ),
+    "summary": (
+        "Summarise in two sentences: 'The city council voted on Tuesday to turn the old tram depot into a public "
+        "library and workshop space. Work starts next spring and should take eighteen months, funded partly by a "
+        "regional grant. Residents asked for longer opening hours and a cafe, which the plans now include.'",
+        "Give a one-sentence summary: 'After three dry summers, farmers in the valley switched to drip irrigation "
+        "and drought-tolerant barley. Yields dipped the first year but recovered, and water use fell by a third.'",
+        "Summarise the main point: 'Researchers found that people who took short walks after meals had lower "
+        "blood sugar peaks than those who sat, even when the walks lasted only two to five minutes.'",
+        "Summarise this review in one line: 'The hotel was spotless and the staff friendly, but the walls were "
+        "thin, the breakfast repetitive, and the wifi dropped every evening.'",
+        "In two bullet points, what does this say? 'Our team will move to the new office on 1 March. Desks are "
+        "shared, so book one in the app; lockers are available on the second floor for personal items.'",
+        "Summarise briefly: 'The museum's new exhibition pairs medieval maps with satellite images of the same "
+        "coastlines, showing how rivers shifted, harbours silted up and towns moved inland over six centuries.'",
     ),
 }
 
