@@ -200,10 +200,12 @@ class Engine:
         should_stop: Callable[[], bool] | None = None,
         namespace: str | None = "",
         controls: LogitControls | None = None,
+        grammar: CheckedGrammar | None = None,
     ) -> Request:
         """A checked request (InputError names what is wrong). namespace: whose request this is; drafters that
         learn from earlier requests (suffix) propose only from the same namespace's. None: this request neither
-        copies from earlier requests nor is kept for later ones."""
+        copies from earlier requests nor is kept for later ones. grammar: controls.grammar already compiled
+        (grammar.check_grammar), as a server does while it tokenizes, so that this thread never compiles it."""
         sampling = sampling or SamplingParams()
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -226,15 +228,16 @@ class Engine:
             exact_k = max(1, (kernels.FLOAT32_CHUNKED_MAX_ROWS - 1) // drafter_obj.traits.tokens_per_depth)
             max_k = min(max_k, exact_k)
             fixed_k = None if fixed_k is None else min(fixed_k, exact_k)
-        grammar = self._check_controls(controls, drafter_obj)
+        grammar = self._check_controls(controls, drafter_obj, grammar)
         return Request(tuple(prompt_ids), drafter if isinstance(drafter, Drafter) else (drafter_obj and drafter_obj.name),
                        fixed_k, max_k, sampling, max_new_tokens, tuple(stop or ()), min_confidence, namespace, should_stop,
                        controls, grammar)
 
-    def _check_controls(self, controls: LogitControls | None, drafter: Drafter | None) -> str | None:
-        """The request's controls against this engine's model; the grammar compiled (InputError where it is bad)."""
+    def _check_controls(self, controls: LogitControls | None, drafter: Drafter | None,
+                        grammar: CheckedGrammar | None = None) -> CheckedGrammar | None:
+        """The request's controls against this engine's model; their grammar compiled (see _compiled_grammar)."""
         if controls is None:
-            return None
+            return self._compiled_grammar(None, grammar)
         if not isinstance(controls, LogitControls):
             raise InputError(f"controls must be a LogitControls, got {type(controls).__name__}")
         vocab = self.target.vocab_size
@@ -244,7 +247,17 @@ class Engine:
         if controls.shapes_rows and drafter is not None and drafter.traits.greedy_only:
             raise InputError(f"drafter '{drafter.name}' drafts token trees, which cannot carry penalties, logit bias"
                              " or a grammar; use a chain drafter (auto, lookup, suffix, draft)")
-        return None if controls.grammar is None else check_grammar(controls.grammar, self.tokenizer, vocab)
+        return self._compiled_grammar(controls.grammar, grammar)
+
+    def _compiled_grammar(self, spec, grammar: CheckedGrammar | None) -> CheckedGrammar | None:
+        """`spec` compiled: `grammar` where the caller compiled it already (a server, off this thread), else here
+        (InputError where it is bad)."""
+        vocab = self.target.vocab_size
+        if grammar is None:
+            return None if spec is None else check_grammar(spec, self.tokenizer, vocab)
+        if spec is None or not grammar.compiled_for(spec, vocab):  # the caller's bug, never the client's input
+            raise ValueError("the compiled grammar given is not this request's grammar for this model")
+        return grammar
 
     # ----------------------------------------------------------------- the loop
     def new_generation(self, request: Request, slot, drafter: Drafter | None) -> Generation:

@@ -66,7 +66,7 @@ class LocalBackend:
         job = Job(request, user_key=user_key, namespace=namespace)
         self.scheduler.reserve(user_key)  # 429 / 503 before tokenizing: a full queue must cost no CPU per refused request
         try:
-            job.prompt_ids = await self.scheduler.tokenize(request)
+            job.prompt_ids, job.grammar = await self.scheduler.tokenize(request)
         except BaseException:  # a 400 from the tokenizer, or the handler cancelled
             self.scheduler.release(user_key)
             raise

@@ -20,11 +20,12 @@ import time
 from collections import Counter, OrderedDict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..batch import BatchEngine, Ticket
 from ..drafters.registry import available_drafters
 from ..errors import ChatTemplateError, InputError, SpecDecodeError, ToolsUnsupported
-from ..grammar import check_grammar
+from ..grammar import CheckedGrammar, check_grammar
 from ..sampling import SamplingParams
 from .metrics import ServerMetrics
 from .logprobs import describe
@@ -39,6 +40,12 @@ RETRY_AFTER_SECONDS = 2
 
 class QueueFull(Exception):
     pass
+
+
+class Encoded(NamedTuple):
+    """A request made ready off the engine thread (Scheduler.tokenize): its prompt's ids and its grammar compiled."""
+    prompt_ids: list[int]
+    grammar: CheckedGrammar | None
 
 
 def peer_group(address: str) -> str:
@@ -77,6 +84,7 @@ class Job:
     state: str = "queued"  # queued | running | done
     cancel_reason: str | None = None
     prompt_ids: list[int] | None = None  # tokenized before queueing (Scheduler.tokenize); else on the engine thread
+    grammar: CheckedGrammar | None = None  # request.grammar compiled with the tokenizing: it travels with the job
     ticket: Ticket | None = None  # its place in the batch, once admitted
     started: float = 0.0
     last_token_at: float | None = None
@@ -393,9 +401,10 @@ class Scheduler:
     def _should_stop(self, job: Job):
         return lambda: job.cancel_reason is not None or self._halt
 
-    async def tokenize(self, request: GenerationRequest) -> list[int]:
-        """Before queueing (in a place `reserve` holds), off the engine thread: a long prompt must not hold up the
-        generations running.
+    async def tokenize(self, request: GenerationRequest) -> Encoded:
+        """Before queueing (in a place `reserve` holds), off the engine thread: a long prompt, or a large schema to
+        compile, must not hold up the generations running. The job carries both to the engine (Job.prompt_ids,
+        Job.grammar).
         A text too long to fit the context at the tokenizer's longest token is refused without tokenizing."""
         texts = [request.prompt] if isinstance(request.prompt, str) else (
             [m["content"] for m in request.prompt if isinstance(m, dict)] if isinstance(request.prompt, list) else [])
@@ -407,7 +416,7 @@ class Scheduler:
                            code="context_length_exceeded")
         return await asyncio.to_thread(self._encode, request)
 
-    def _encode(self, request: GenerationRequest) -> list[int]:
+    def _encode(self, request: GenerationRequest) -> Encoded:
         try:  # the engine checks token ids and emptiness; the API names the field at fault
             if request.tools:  # listed by the chat template
                 tokenizer = self.engine.tokenizer
@@ -418,21 +427,20 @@ class Scheduler:
                 ids = tokenizer.encode(prompt)
             else:
                 ids = self.engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
-            self._check_grammar(request)
-            return ids
+            return Encoded(ids, self._check_grammar(request))
         except ToolsUnsupported as exc:
             raise ApiError(400, str(exc), param="tools", code="tools_unsupported") from None
         except InputError as exc:
             code = "chat_template_error" if isinstance(exc, ChatTemplateError) else "invalid_prompt"
             raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code=code) from None
 
-    def _check_grammar(self, request: GenerationRequest) -> None:
-        """Compile the answer's grammar here, off the engine thread (where every running stream would wait for it):
-        the engine's own check then finds it compiled (grammar.check_grammar). A 400 naming the field it came from."""
+    def _check_grammar(self, request: GenerationRequest) -> CheckedGrammar | None:
+        """Compile the answer's grammar here, off the engine thread (where every running stream would wait for it);
+        the job hands it to the engine. A 400 naming the field it came from."""
         if request.grammar is None:
-            return
+            return None
         try:
-            check_grammar(request.grammar, self.engine.tokenizer, self.engine.target.vocab_size)
+            return check_grammar(request.grammar, self.engine.tokenizer, self.engine.target.vocab_size)
         except InputError as exc:
             param = "tool_choice" if request.tools and forces_call(request.tool_choice) else "response_format"
             raise ApiError(400, str(exc), param=param, code="invalid_value") from None
@@ -441,7 +449,11 @@ class Scheduler:
         """Engine thread: check the limits and queue the request in the batch (the engine validates eagerly).
         Returns the prompt's length."""
         request, engine = job.request, self.engine
-        prompt_ids = job.prompt_ids if job.prompt_ids is not None else self._encode(request)
+        if job.prompt_ids is None:  # a job queued without Scheduler.tokenize (tests): made ready here
+            job.prompt_ids, job.grammar = self._encode(request)
+        if request.grammar is not None and job.grammar is None:  # never compiled here, where every stream waits
+            raise RuntimeError("the request's grammar was not compiled before it was queued")
+        prompt_ids = job.prompt_ids
         if not prompt_ids:
             raise ApiError(400, "the prompt is empty", param="prompt", code="empty_prompt")
         room = engine.max_context - len(prompt_ids)
@@ -462,7 +474,7 @@ class Scheduler:
         job.ticket = self.batch.submit(
             prompt_ids, drafter=drafter, k=request.k, sampling=sampling, max_new_tokens=max_tokens,
             stop=request.stop, max_k=self.max_k, should_stop=self._should_stop(job), namespace=job.namespace,
-            controls=request.engine_controls(),
+            controls=request.engine_controls(), grammar=job.grammar,
         )
         return len(prompt_ids)
 
