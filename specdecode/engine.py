@@ -243,7 +243,8 @@ class Engine:
         vocab = self.target.vocab_size
         bad = [token for token, _ in controls.logit_bias if token >= vocab]
         if bad:
-            raise InputError(f"logit_bias names token ids past this model's vocabulary (0..{vocab - 1}): {bad[:5]}")
+            raise InputError(f"logit_bias names token ids past this model's vocabulary (0..{vocab - 1}): {bad[:5]}",
+                             param="logit_bias")
         if controls.shapes_rows and drafter is not None and drafter.traits.greedy_only:
             raise InputError(f"drafter '{drafter.name}' drafts token trees, which cannot carry penalties, logit bias"
                              " or a grammar; use a chain drafter (auto, lookup, suffix, draft)")

@@ -14,7 +14,12 @@ class UnsupportedDtype(ModelError):
 
 
 class InputError(SpecDecodeError):
-    """A request is invalid: bad sampling values, prompt longer than the context, ..."""
+    """A request is invalid: bad sampling values, prompt longer than the context, ... param: the API field at fault,
+    where the check knows it (the server's 400 names it)."""
+
+    def __init__(self, message: str = "", param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class ChatTemplateError(InputError):

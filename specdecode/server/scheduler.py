@@ -42,6 +42,16 @@ class QueueFull(Exception):
     pass
 
 
+def engine_error(exc: Exception) -> ApiError:
+    """A request's own failure in the engine as its client reads it: an input error's words and the field it names
+    (InputError.param), a 400; anything else a 500."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, SpecDecodeError):
+        return ApiError(400, str(exc), param=getattr(exc, "param", None), code="invalid_request")
+    return ApiError(500, str(exc), code="generation_failed")
+
+
 class Encoded(NamedTuple):
     """A request made ready off the engine thread (Scheduler.tokenize): its prompt's ids and its grammar compiled."""
     prompt_ids: list[int]
@@ -427,12 +437,23 @@ class Scheduler:
                 ids = tokenizer.encode(prompt)
             else:
                 ids = self.engine.encode_prompt(request.prompt, chat=False)  # chat requests carry messages
+            self._check_logit_bias(request)
             return Encoded(ids, self._check_grammar(request))
         except ToolsUnsupported as exc:
             raise ApiError(400, str(exc), param="tools", code="tools_unsupported") from None
         except InputError as exc:
             code = "chat_template_error" if isinstance(exc, ChatTemplateError) else "invalid_prompt"
-            raise ApiError(400, str(exc), param="messages" if request.kind == "chat" else "prompt", code=code) from None
+            param = exc.param or ("messages" if request.kind == "chat" else "prompt")
+            raise ApiError(400, str(exc), param=param, code=code) from None
+
+    def _check_logit_bias(self, request: GenerationRequest) -> None:
+        """Token ids past the vocabulary, refused here where the field is known (on the engine thread the 400 named
+        no field: review turn5 #8)."""
+        vocab = self.engine.target.vocab_size
+        bad = [token for token, _ in request.controls.logit_bias if token >= vocab] if request.controls else []
+        if bad:
+            raise ApiError(400, f"logit_bias names token ids past this model's vocabulary (0..{vocab - 1}): {bad[:5]}",
+                           param="logit_bias", code="invalid_value")
 
     def _check_grammar(self, request: GenerationRequest) -> CheckedGrammar | None:
         """Compile the answer's grammar here, off the engine thread (where every running stream would wait for it);
@@ -487,7 +508,7 @@ class Scheduler:
             except ApiError as exc:
                 messages.append((job, ("error", exc)))
             except SpecDecodeError as exc:  # InputError / ModelError: the engine's message is for the user
-                messages.append((job, ("error", ApiError(400, str(exc), code="invalid_request"))))
+                messages.append((job, ("error", engine_error(exc))))
             except Exception:  # a bug met by this request's input fails this request only, not the whole pass
                 log.exception("admitting a request failed")
                 messages.append((job, ("error", ApiError(500, "internal error while admitting the request",
@@ -510,10 +531,7 @@ class Scheduler:
                 exc = ticket.error
                 if not isinstance(exc, (ApiError, SpecDecodeError)):
                     log.error("a request failed in the engine", exc_info=exc)
-                error = exc if isinstance(exc, ApiError) else ApiError(
-                    400 if isinstance(exc, SpecDecodeError) else 500, str(exc),
-                    code="invalid_request" if isinstance(exc, SpecDecodeError) else "generation_failed")
-                messages.append((job, ("error", error)))
+                messages.append((job, ("error", engine_error(exc))))
                 continue
             for event in ticket.events[seen.get(id(ticket), 0):]:
                 messages.append((job, ("step", self._as_step(event, ticket.reused or 0))))

@@ -3,7 +3,7 @@
 A cache of 64 compiled grammars, keyed by the spec object, stood between the two: a client that pushed its own
 queued schema out of it (64 other schemas tokenized meanwhile) made the engine thread compile it while every
 stream waited (review turn5 #4), and the cache kept 64 compiled grammars after their requests ended, about 20 MB
-each for a large schema (#5).
+each for a large schema (#5). Also here: a 400 the scheduler can name names its field (#8).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import json
 import threading
 import weakref
 
+import openai
 import pytest
 
 from specdecode.grammar import GrammarSpec
@@ -146,3 +147,15 @@ def test_no_compiled_grammar_outlives_its_request(engine, monkeypatch):
     assert asyncio.run(scenario()) == ["step"] * 6
     gc.collect()
     assert len(compiled) == 6 and not [ref for ref in compiled if ref() is not None]
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_a_logit_bias_id_past_the_vocabulary_is_a_400_naming_logit_bias(client, route):
+    bias = {"49152": 5, "3": 1}  # smollm2's vocabulary is 0..49151
+    with pytest.raises(openai.BadRequestError) as refused:
+        if route == "chat":
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                           logit_bias=bias)
+        else:
+            client.completions.create(model=MODEL, prompt="hi", max_tokens=2, logit_bias=bias)
+    assert refused.value.param == "logit_bias" and "49152" in str(refused.value)
