@@ -317,7 +317,8 @@ class ExactPass:
 
 # ---------------------------------------------------------------------- the rows' metadata
 def max_depth(segments) -> int:
-    return max((len(tree_ancestors(seg.parents)[-1]) if seg.parents else 1) for seg in segments)
+    """The most rows a token tree's path holds (its deepest node's, wherever that node sits in the block)."""
+    return max((max(map(len, tree_ancestors(seg.parents))) if seg.parents else 1) for seg in segments)
 
 
 def tree_ancestors(parents: list[int]) -> list[list[int]]:

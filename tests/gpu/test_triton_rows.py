@@ -17,7 +17,10 @@ from testlib import tokens_for
 
 PROMPT = 9
 BLOCKS = (2, 3, 5, 8, 16)
-SHORT_BLOCKS = (3, 8)  # the twins' and the three-layer model's (the interpreter takes ~0.2 s a row-pass)
+SHORT_BLOCKS = (3, 8)  # the twins' (the interpreter takes ~0.2 s a row-pass)
+# The windowed model's: positions reach PROMPT + 15 = 24, so with a window of 6 and segments of 16 keys the last rows
+# see no key of segment 0 (their lowest key is 19): a segment skipped whole, in the partials and in the merge.
+WINDOW_BLOCKS = (3, 16)
 
 
 def steps_reference(model, tokens):
@@ -48,14 +51,17 @@ def blocks_match_steps(model, blocks=BLOCKS, seed=5) -> list[str]:
 
 
 @pytest.mark.parametrize("name,blocks,parallel_sums", [("qwen2-gqa-bias", BLOCKS, False),
-                                                        ("gemma3-windowed", SHORT_BLOCKS, True)])
+                                                        ("gemma3-windowed", WINDOW_BLOCKS, True)])
 def test_every_block_size_gives_each_row_the_bits_of_its_decode_step(name, blocks, parallel_sums):
     """qwen2: biases, grouped heads; gemma3: per-head q/k norms, sandwich norms, GeGLU, windows of 6 with their own
     rope base, a softcap. A prompt block, then verify blocks of 2..16 rows, against one row at a time. With
     parallel_sums the residuals' splits are first summed by column blocks (as for the long reductions of large
     models)."""
     tiles = dataclasses.replace(TEST_TILES, serial_sum_limit=0) if parallel_sums else TEST_TILES
-    assert blocks_match_steps(tiny_gpu_model(name, tiles=tiles), blocks) == []
+    model = tiny_gpu_model(name, tiles=tiles)
+    if model.config.sliding_window:  # some row's window starts past the first segment
+        assert PROMPT + max(blocks) - model.config.sliding_window >= tiles.attn_split
+    assert blocks_match_steps(model, blocks) == []
 
 
 def test_the_gpu_path_computes_the_model():
@@ -69,11 +75,12 @@ def test_the_gpu_path_computes_the_model():
     assert (got.cpu() - expected).abs().max() < 1e-3 * expected.abs().max()
 
 
-def test_a_token_tree_gives_each_node_the_bits_of_its_path_as_a_chain():
+# two branches from the root, one from the first child; and a tree whose last node is not its deepest
+@pytest.mark.parametrize("parents", [[0, 1, 0, 3, 1], [0, 1, 0]])
+def test_a_token_tree_gives_each_node_the_bits_of_its_path_as_a_chain(parents):
     model = tiny_gpu_model()
-    tokens = tokens_for(model, PROMPT + 6, seed=7).tolist()
-    parents = [0, 1, 0, 3, 1]  # two branches from the root, one from the first child
-    block = tokens[PROMPT : PROMPT + 6]
+    tokens = tokens_for(model, PROMPT + len(parents) + 1, seed=7).tolist()
+    block = tokens[PROMPT : PROMPT + len(parents) + 1]
     cache = model.new_cache()
     model(torch.tensor(tokens[:PROMPT]), cache, logits="none")
     tree = model(torch.tensor(block), cache, positions=tree_positions(PROMPT, parents, "cpu"),
@@ -85,6 +92,17 @@ def test_a_token_tree_gives_each_node_the_bits_of_its_path_as_a_chain():
         cache.truncate(PROMPT)
         chain = model(torch.tensor([block[i] for i in path]), cache)
         assert torch.equal(tree[node], chain[-1]), f"node {node} (path {path})"
+
+
+def test_a_trees_depth_is_its_deepest_paths():
+    """The metadata's ancestor table is as wide as the deepest path, wherever the deepest node sits."""
+    from specdecode.gpu.exact_pass import max_depth
+
+    class Cache:
+        length, max_len, slot = 5, 64, 1
+
+    assert max_depth([Segment([1, 2, 3, 4], Cache(), "all", [0, 1, 0])]) == 3
+    assert max_depth([Segment([1, 2, 3], Cache(), "all", [0, 0]), Segment([1], Cache())]) == 2
 
 
 # ------------------------------------------------------------------ batches
