@@ -24,7 +24,7 @@ import torch
 from . import pass_timings
 from .batch_draft import draft_together
 from .batch_plan import trim_drafts
-from .drafters.base import Drafter
+from .drafters.base import Draft, Drafter
 from .drafters.draft_model import common_prefix_len
 from .drafters.registry import build_drafter
 from .engine import Engine, GenerationResult, Request, collect_result
@@ -182,14 +182,17 @@ class BatchEngine:
         """Admit what fits, then one target pass for every running request. Returns the pass's rows."""
         self._admit()
         self._share_prompts()
-        decoding = [t for t in self.running if not t.pending]
-        proposals = [(t.generation, steps) for t in decoding if (steps := self._plan(t)) is not None]
+        decoding = [t for t in self.running if not t.pending and not t.finished]
+        proposals = [(t.generation, self._isolated_steps(t, steps)) for t in decoding
+                     if (steps := self._isolated(t, self._plan, t)) is not None]
         self.draft_passes += draft_together(proposals)  # the draft model's passes for all of them at once
         planned = [t for t in decoding if not t.finished]
         reads = self._prompt_chunks(planned)
         if len(planned) > 1:  # alone, a request drafts exactly as Engine.stream would
             trim_drafts([t.generation for t in planned], self.engine.tuner.costs, sum(len(c) for _, c in reads))
-        segments = [t.generation.segment() for t in planned]
+        blocks = [(t, segment) for t in planned if (segment := self._isolated(t, t.generation.segment)) is not None]
+        planned = [t for t, _ in blocks]
+        segments = [segment for _, segment in blocks]
         segments += [Segment(chunk, ticket.slot.cache, "none") for ticket, chunk in reads]
         if not segments:
             self._publish()
@@ -213,11 +216,34 @@ class BatchEngine:
             share = seconds if solo else seconds * seg.rows / rows
             self._apply(ticket, out, start, share, solo, choice)
         for ticket, chunk in reads:
-            ticket.generation.read(chunk)
-            if not ticket.pending:
-                self.engine.prefilled(ticket.generation)
+            self._isolated(ticket, self._read, ticket, chunk)
         self._retire()
         return rows
+
+    def _isolated(self, ticket: Ticket, work: Callable, *args):
+        """`work(*args)`, one request's own part of the pass; an exception there (something its own settings or
+        drafter met) fails that request only and returns None: the others' rows are computed apart, so they go on
+        with the bits they get alone (review turn5 S1)."""
+        try:
+            return work(*args)
+        except Exception as exc:
+            self._fail(ticket, exc)
+            return None
+
+    def _isolated_steps(self, ticket: Ticket, steps):
+        """The request's proposal (batch_draft runs it in lockstep with the others'); an exception in it fails this
+        request only, which then leaves the lockstep with an empty draft."""
+        try:
+            return (yield from steps)
+        except Exception as exc:
+            self._fail(ticket, exc)
+            return Draft()
+
+    def _read(self, ticket: Ticket, chunk: list[int]) -> None:
+        """A prompt chunk the pass wrote to the request's cache."""
+        ticket.generation.read(chunk)
+        if not ticket.pending:
+            self.engine.prefilled(ticket.generation)
 
     def _prompt_chunks(self, decoding: list[Ticket]) -> list[tuple[Ticket, list[int]]]:
         """Prompt tokens this pass reads, per request still reading its prompt: a bounded chunk beside running
@@ -228,7 +254,7 @@ class BatchEngine:
             if not ticket.pending or ticket.finished:
                 continue
             if ticket.cancelled:
-                self._emit(ticket, ticket.generation.end_now("cancelled"))
+                self._isolated(ticket, lambda: self._emit(ticket, ticket.generation.end_now("cancelled")))
                 continue
             if budget > 0 and ticket.donor is None:  # (one waiting for a donor's prompt reads nothing meanwhile)
                 chunk, ticket.pending = ticket.pending[:budget], ticket.pending[budget:]
@@ -368,16 +394,20 @@ class BatchEngine:
             if donor.finished or donor not in self.running:
                 ticket.donor = None
                 continue
-            prompt = list(ticket.request.prompt_ids[:-1])
-            if common_prefix_len(donor.slot.cached_ids, prompt[: ticket.shared]) < ticket.shared:
-                continue  # the donor has not read that far yet
-            slot = ticket.slot
-            slot.cache.copy_prefix(donor.slot.cache, ticket.shared)
-            slot.cached_ids = prompt[: ticket.shared]
-            ticket.reused += ticket.shared - (len(prompt) - len(ticket.pending))
-            ticket.pending, ticket.donor = prompt[ticket.shared :], None
-            if not ticket.pending:
-                self.engine.prefilled(ticket.generation)
+            self._isolated(ticket, self._copy_from_donor, ticket, donor)
+
+    def _copy_from_donor(self, ticket: Ticket, donor: Ticket) -> None:
+        """The donor's prompt rows this request shares, once the donor holds them."""
+        prompt = list(ticket.request.prompt_ids[:-1])
+        if common_prefix_len(donor.slot.cached_ids, prompt[: ticket.shared]) < ticket.shared:
+            return  # the donor has not read that far yet
+        slot = ticket.slot
+        slot.cache.copy_prefix(donor.slot.cache, ticket.shared)
+        slot.cached_ids = prompt[: ticket.shared]
+        ticket.reused += ticket.shared - (len(prompt) - len(ticket.pending))
+        ticket.pending, ticket.donor = prompt[ticket.shared :], None
+        if not ticket.pending:
+            self.engine.prefilled(ticket.generation)
 
 
 def argmax_together(generations: list, logits: list) -> list:
