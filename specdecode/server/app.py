@@ -30,7 +30,7 @@ from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
 from .responses import ChatHost, register_responses
 from .scheduler import Scheduler
-from .shaping import ChunkStream, Shaper, fingerprint, gather_steps, response_id
+from .shaping import ChunkStream, Shaper, fingerprint, gather_steps, parsed_off_the_loop_if_long, response_id
 
 log = logging.getLogger("specdecode.server")
 # What /health tells anyone: whether to send requests here and what this server is. Its counts (queued, running,
@@ -116,7 +116,8 @@ class ChatApi:
 
     def _answer(self, gen: GenerationRequest):
         async def answer(ticket, watch):
-            return self.shaper.completion_body(gen, await gather_steps(ticket, watch))
+            done = await gather_steps(ticket, watch)
+            return await parsed_off_the_loop_if_long(done.text if gen.tools else "", self.shaper.completion_body, gen, done)
 
         return answer
 

@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request
 
 from ..grammar import GrammarSpec
 from .protocol import ApiError, GenerationRequest, check_fields, parse_chat
+from .shaping import parsed_off_the_loop_if_long
 from .tools import ToolCallStream, function_definition, parse_tool_calls
 
 INPUT_ROLES = {"user", "system", "developer", "assistant"}
@@ -436,7 +437,8 @@ def register_responses(app: FastAPI, host: ChatHost, store: ResponseStore | None
         async def answer(ticket, watch):
             done = await host.gather(ticket, watch)
             status = status_of(done.last.finish_reason)
-            response = shape.object(status, output_items(done.text, gen, status), done.last.stats)
+            output = await parsed_off_the_loop_if_long(done.text, output_items, done.text, gen, status)
+            response = shape.object(status, output, done.last.stats)
             finished(response)
             return response
 

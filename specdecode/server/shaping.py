@@ -5,6 +5,7 @@ their source and the running statistics; the playground colours tokens from it.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -19,6 +20,19 @@ from .tools import ToolCallStream, chat_message, finish_reason
 # cached (its own earlier prefix is still in a slot unless others' requests took it), what the passes it shared cost,
 # whether it paid for a calibration. Out of responses unless --expose-timings.
 TIMING_STATS = frozenset({"tokens_per_s", "time", "predicted_speedup", "notes", "cached_tokens"})
+
+
+# Past this many characters, the answer of a request with tools is parsed (tools.py) in a worker thread: linear in
+# the answer, but a few milliseconds per hundred kilobytes, and n choices add up; meanwhile the event loop goes on
+# serving every other client (their streams, /health).
+LONG_ANSWER_CHARS = 32 * 1024
+
+
+async def parsed_off_the_loop_if_long(text: str, parse, *args):
+    """parse(*args), which reads the calls in `text`; in a worker thread when `text` is long."""
+    if len(text) <= LONG_ANSWER_CHARS:
+        return parse(*args)
+    return await asyncio.to_thread(parse, *args)
 
 
 def client_stats(stats: dict, expose_timings: bool) -> dict:

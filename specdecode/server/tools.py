@@ -24,6 +24,10 @@ from .api_error import ApiError
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 MAX_TOOLS = 128
+# An answer that may be a call without the tags (it starts with "{" or FENCE_OPEN) is held until it ends, and is
+# then parsed whole; past this many characters it is handed on as text instead. Real bare calls are short.
+MAX_BARE_CALL_CHARS = 64 * 1024
+FENCE_OPEN = "```json"
 # How deep a tool's parameter schema, or a past call's arguments, may nest. Real schemas nest a few levels; the chat
 # template renders these recursively, and a few hundred levels overflowed its recursion (a 500).
 MAX_NESTING = 64
@@ -296,14 +300,22 @@ def _bare_call(text: str, tools: list[dict] | None) -> dict | None:
     fence, as a call; only when it names one of the tools."""
     if not tools:
         return None
-    text = text.strip()
-    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, re.S)
-    return _call(fenced.group(1) if fenced else text, tools)
+    return _call(_unfenced(text.strip()), tools)
 
 
-def _may_be_bare_call(text: str) -> bool:
-    text = text.lstrip()
-    return text.startswith(("{", "```json")) or "```json".startswith(text)
+def _unfenced(text: str) -> str:
+    """The inside of a ``` or ```json fence around the whole of `text`, stripped; else `text`. String methods, not a
+    regex: the answer is the model's, so its length and its whitespace runs are the client's to choose, and the
+    regex this replaces (blanks around a lazy group) backtracked in cubic time on them (review turn 5, finding 1)."""
+    if len(text) < 6 or not (text.startswith("```") and text.endswith("```")):
+        return text
+    inside = text[3:-3]
+    return (inside[4:] if inside.startswith("json") else inside).strip()
+
+
+def _tag_begun(text: str, tag: str, start: int) -> int:
+    """How many of text[start:]'s last characters may begin `tag` (the next step may complete it)."""
+    return next((n for n in range(min(len(tag) - 1, len(text) - start), 0, -1) if text.endswith(tag[:n])), 0)
 
 
 def parse_tool_calls(text: str, tools: list[dict] | None = None, parallel: bool = True) -> tuple[str | None, list[dict]]:
@@ -326,10 +338,13 @@ class ToolCallStream:
     def __init__(self, parallel: bool = True, tools: list[dict] | None = None):
         self.parallel = parallel
         self.tools = tools
-        self.holding = bool(tools)  # while the answer so far may be a call without tags: hold it all
-        self.pending = ""  # text not yet handed on
-        self.inside = False  # pending is the inside of an open <tool_call>
-        self.spaces = ""  # whitespace held back: handed on only when more content follows
+        self.holding = bool(tools)  # while the answer so far may be a call without tags: hold it all, in held
+        self.held: list[str] = []
+        self.held_chars = 0
+        self.pending = ""  # the last step's last characters, which may begin the tag looked for (open or close)
+        self.inside = False  # a <tool_call> is open: its text so far is in block
+        self.block: list[str] = []  # the open block's text, as the steps brought it
+        self.spaces: list[str] = []  # whitespace held back: handed on only when more content follows
         self.started = False  # some content handed on
         self.completed: list[dict] = []  # the calls so far, as message.tool_calls holds them
         self._content: list[str] = []
@@ -338,47 +353,66 @@ class ToolCallStream:
         return "".join(self._content) or None
 
     def feed(self, text: str) -> list[dict]:
-        self.pending += text
-        out = []
-        if self.holding and _may_be_bare_call(self.pending):
-            return out
-        self.holding = False
+        """The deltas `text` completes. Offsets, not slices, walk the text, and what a step leaves open is carried as
+        at most a tag's length (pending) or as pieces (block): each step costs its own text's length, however long
+        the answer (the client chooses it)."""
+        if self.holding:
+            if self._hold(text):
+                return []
+            self.holding, text, self.held = False, "".join(self.held), []
+        text, self.pending = self.pending + text, ""
+        out, pos = [], 0
         while True:
+            tag = TOOL_CLOSE if self.inside else TOOL_OPEN
+            found = text.find(tag, pos)
+            end = found if found >= 0 else len(text) - _tag_begun(text, tag, pos)
+            if end > pos and self.inside:
+                self.block.append(text[pos:end])
+            elif end > pos:
+                out += self._text(text[pos:end])
+            if found < 0:
+                self.pending = text[end:]  # what may be the start of the tag
+                return out
             if self.inside:
-                end = self.pending.find(TOOL_CLOSE)
-                if end < 0:
-                    return out
-                block, self.pending, self.inside = self.pending[:end], self.pending[end + len(TOOL_CLOSE):], False
-                call = _call(block, self.tools)
-                if call is None:
-                    out += self._text(TOOL_OPEN + block + TOOL_CLOSE)
-                elif self.parallel or not self.completed:
-                    out += self._call_deltas(call)
-                continue
-            start = self.pending.find(TOOL_OPEN)
-            if start >= 0:
-                out += self._text(self.pending[:start])
-                self.pending, self.inside = self.pending[start + len(TOOL_OPEN):], True
-                continue
-            keep = next((n for n in range(min(len(TOOL_OPEN) - 1, len(self.pending)), 0, -1)
-                         if TOOL_OPEN.startswith(self.pending[-n:])), 0)
-            out += self._text(self.pending[: len(self.pending) - keep])
-            self.pending = self.pending[len(self.pending) - keep:]
-            return out
+                out += self._end_block()
+            self.inside, pos = not self.inside, found + len(tag)
+
+    def _end_block(self) -> list[dict]:
+        """The deltas of a block closed: its call, or itself as text when it holds no call."""
+        block, self.block = "".join(self.block), []
+        call = _call(block, self.tools)
+        if call is None:
+            return self._text(TOOL_OPEN + block + TOOL_CLOSE)
+        return self._call_deltas(call) if self.parallel or not self.completed else []
+
+    def _hold(self, text: str) -> bool:
+        """Holds `text` while the answer so far may be a call without tags: it starts with "{" or "```json" and is
+        at most MAX_BARE_CALL_CHARS long (past that it is handed on as text: an answer is never held whole). Kept as
+        pieces, and its head read only until it is known, so each step costs its own text's length."""
+        if not self.held_chars:
+            text = text.lstrip()  # blanks before the answer's first character: every reading strips them
+        head_known = self.held_chars >= len(FENCE_OPEN)  # and it was a possible call, or holding would have ended
+        self.held.append(text)
+        self.held_chars += len(text)
+        if self.held_chars > MAX_BARE_CALL_CHARS:
+            return False
+        if head_known:
+            return True
+        head = "".join(self.held)[:len(FENCE_OPEN)]  # fewer than len(FENCE_OPEN) characters came before this text
+        return head.startswith(("{", FENCE_OPEN)) or FENCE_OPEN.startswith(head)
 
     def finish(self) -> list[dict]:
         """The deltas of what is held at the end; trailing whitespace is dropped. A call cut off (the answer ends inside
         its block, at max_tokens) is dropped: half a call is no call, and as content it showed clients the template's
         markup and half a JSON object as the answer (the finish reason, "length", says the answer was cut)."""
         if self.holding:
-            self.holding = False
-            call = _bare_call(self.pending, self.tools)
+            self.holding, answer, self.held = False, "".join(self.held), []
+            call = _bare_call(answer, self.tools)
             if call is not None:
-                self.pending = ""
                 return self._call_deltas(call)
-            return self.feed("") + self.finish()
+            return self.feed(answer) + self.finish()
         rest = "" if self.inside else self.pending
-        self.pending, self.inside = "", False
+        self.pending, self.inside, self.block = "", False, []
         return self._text(rest)
 
     def _text(self, text: str) -> list[dict]:
@@ -386,10 +420,10 @@ class ToolCallStream:
             text = text.lstrip()
         body = text.rstrip()
         if not body:
-            self.spaces += text
+            self.spaces.append(text)  # a list: a long run of blank steps is not copied again at each step
             return []
-        piece = self.spaces + body
-        self.spaces, self.started = text[len(body):], True
+        piece = "".join(self.spaces) + body
+        self.spaces, self.started = [text[len(body):]], True
         self._content.append(piece)
         return [{"content": piece}]
 

@@ -173,3 +173,34 @@ def test_a_compulsory_call_on_a_vocabulary_without_the_tag_tokens(client, live_s
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=QUESTION, tools=[CITY], tool_choice=choice, max_tokens=4)
     assert refused.value.body["param"] == "tool_choice" and "<tool_call>" in refused.value.body["message"]
+
+
+def test_health_stays_fast_while_a_blank_fenced_answer_is_parsed(qwen_client):
+    """Review turn 5, finding 1 (r1): the model is asked to echo "```json" and thousands of blanks, and the client's
+    stop string cuts the closing fence; the bare-call regex then backtracked for ~20 s per choice on the event loop,
+    and /health (every client) waited. Now the answer is parsed in linear time, so /health stays fast."""
+    import threading
+    import time
+
+    from .conftest import poll_get
+
+    blanks = (" " * 600 + "\n") * 6
+    request = {"model": QWEN, "temperature": 0, "max_tokens": 300, "stop": ["z```"], "n": 2, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}], "messages": [
+        {"role": "system", "content": "You repeat the user's message exactly, character for character, and nothing else."},
+        {"role": "user", "content": "```json" + blanks + "zz```"}]}
+    result = {}
+    attack = threading.Thread(target=lambda: result.update(answer=qwen_client.chat.completions.create(**request)))
+    health, slowest = str(qwen_client.base_url).rstrip("/").removesuffix("/v1") + "/health", 0.0
+    assert poll_get(health).status_code == 200  # the polling client's own setup is not the server's time
+    attack.start()
+    while attack.is_alive():
+        start = time.perf_counter()
+        assert poll_get(health).status_code == 200
+        slowest = max(slowest, time.perf_counter() - start)
+        time.sleep(0.1)
+    attack.join()
+    for choice in result["answer"].choices:  # the answer the attack needs: a fence, then a long run of blanks
+        content = choice.message.content
+        assert content.startswith("```json") and len(content) - len(content[7:].lstrip()) > 3000, content[:80]
+    assert slowest < 1.0

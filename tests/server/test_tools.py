@@ -3,6 +3,7 @@ compulsory call accepting a valid call and refusing others, token by token, with
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -303,3 +304,64 @@ def test_every_call_the_server_answers_goes_back_in_the_next_turn():
     replies = [{"role": "tool", "tool_call_id": call["id"], "content": "ok"} for call in message["tool_calls"]]
     request = parse_chat({**CHAT, "tools": [WEATHER, TIME], "messages": CHAT["messages"] + [message] + replies})
     assert [call["function"]["name"] for call in request.prompt[1]["tool_calls"]] == ["get_weather", "get_time"]
+
+
+# Answers a client can steer the model into (review turn 5, finding 1): long whitespace runs after a fence, inside
+# it and around the would-be call. The bare-call regex backtracked in cubic time on them, on the event loop.
+BLANKS = " " * 5000
+LONG_BLANK_ANSWERS = [
+    "```json" + BLANKS + "z",
+    "```json" + BLANKS + "z" + BLANKS + "```",
+    "```json" + ("\n" + " " * 600) * 8 + "z",
+    "```" + BLANKS + "x" + BLANKS,
+    BLANKS + "```json" + BLANKS + BARE + BLANKS,
+    "{" + BLANKS + '"name"' + BLANKS,
+    "<tool_call>" + BLANKS + BARE + BLANKS,
+]
+
+
+@pytest.mark.parametrize("text", LONG_BLANK_ANSWERS)
+def test_answers_with_long_blank_runs_parse_in_linear_time(text):
+    start = time.perf_counter()
+    for _choice in range(3):  # n choices are parsed one after another
+        parse_tool_calls(text, [WEATHER])
+        parse_tool_calls(text.replace(" ", "\n\t "), [WEATHER])  # any whitespace, interior runs three times longer
+    assert time.perf_counter() - start < 0.05
+    stream, start = ToolCallStream(True, [WEATHER]), time.perf_counter()
+    for offset in range(0, len(text), 3):
+        stream.feed(text[offset:offset + 3])
+    stream.finish()
+    assert time.perf_counter() - start < 0.1
+
+
+def test_a_fenced_bare_call_is_read_however_much_blank_surrounds_it():
+    for fenced in ("```json" + BLANKS + BARE + BLANKS + "```", "```json" + BARE + "```", "\n ```json\n" + BARE + "```\n"):
+        content, calls = parse_tool_calls(fenced, [WEATHER])
+        assert content is None and [call["function"]["name"] for call in calls] == ["get_weather"]
+    assert parse_tool_calls("```json```", [WEATHER]) == ("```json```", [])
+
+
+def test_a_possible_bare_call_is_not_held_past_the_bound():
+    """An answer that starts like a bare call was held whole until it ended, however long."""
+    from specdecode.server.tools import MAX_BARE_CALL_CHARS
+
+    stream = ToolCallStream(True, [WEATHER])
+    assert stream.feed("```json\n" + "x" * (MAX_BARE_CALL_CHARS // 2)) == []
+    deltas = stream.feed("y" * MAX_BARE_CALL_CHARS)
+    assert deltas and deltas[0]["content"].startswith("```json\nxxx")
+    assert stream.held == [] and stream.finish() == []
+
+
+def test_a_long_block_streams_in_linear_time():
+    """Each step searched the whole open block again and copied it: quadratic in a long call's length."""
+    def seconds(size: int) -> float:
+        text = "<tool_call>\n" + "x" * size
+        stream, start = ToolCallStream(True, [WEATHER]), time.perf_counter()
+        for offset in range(0, len(text), 4):
+            stream.feed(text[offset:offset + 4])
+        assert stream.finish() == []
+        return time.perf_counter() - start
+
+    seconds(20_000)  # warm
+    small, large = min(seconds(50_000) for _ in range(2)), min(seconds(400_000) for _ in range(2))
+    assert large < 16 * small + 0.05, (small, large)  # 8x the text: linear ~8x, quadratic ~64x
