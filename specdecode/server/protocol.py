@@ -25,10 +25,13 @@ MAX_LOGIT_BIAS = 1024  # entries of logit_bias
 MAX_TOKEN_ID_DIGITS = 10  # a logit_bias key longer than this is no token id
 MAX_TOP_LOGPROBS = {"chat": 20, "completion": 5}  # OpenAI's bounds
 MAX_CHOICES = 128  # OpenAI's bound on n; a server allows at most its batch size (app.py)
+# OpenAI's bounds on `metadata`: Responses echo and store it, so its size must be the server's to bound.
+MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
 
 # One rule for the fields of a request body (README, "Request fields"):
 # - implemented (OpenAI's and the extensions peers accept: top_k, min_p, repetition_penalty, speculative): used;
-# - OpenAI's that change nothing a client can observe here (metadata, routing hints): accepted and ignored;
+# - OpenAI's that change nothing a client can observe here (routing hints; metadata, which Responses only echo and
+#   store): accepted and ignored, metadata checked against OpenAI's bounds (check_metadata);
 # - OpenAI's that are not implemented: 400 unsupported_parameter naming the field, when set to anything but
 #   their default;
 # - any other name: 400 unknown_parameter, so that a typo or another server's extension is never silently ignored.
@@ -166,9 +169,32 @@ def _unset(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and value in (0, 1)  # n, best_of: 1
 
 
+def check_metadata(value) -> dict:
+    """`metadata` as OpenAI takes it ({} when absent): at most 16 pairs of strings, keys up to 64 characters, values
+    up to 512. A 400 naming `metadata` otherwise: it was stored and echoed unchecked (megabytes a response)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad("metadata", f"'metadata' must be an object of strings, got {_describe(value)}", "invalid_type")
+    if len(value) > MAX_METADATA_PAIRS:
+        raise _bad("metadata", f"'metadata' takes at most {MAX_METADATA_PAIRS} pairs, got {len(value)}")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise _bad("metadata", f"'metadata' keys are at most {MAX_METADATA_KEY_CHARS} characters, got one of"
+                       f" {len(key)} ({key[:20]!r}...)")
+        if not isinstance(item, str):
+            raise _bad("metadata", f"'metadata' values must be strings, got {_describe(item)} for {key!r}", "invalid_type")
+        if len(item) > MAX_METADATA_VALUE_CHARS:
+            raise _bad("metadata", f"'metadata' values are at most {MAX_METADATA_VALUE_CHARS} characters, got"
+                       f" {len(item)} for {key!r}")
+    return value
+
+
 def check_fields(body: dict, implemented: set[str], unsupported: set[str]) -> None:
     """The rule above: refuse what this server would otherwise ignore or do differently (Responses' body too)."""
     for name, value in body.items():
+        if name == "metadata":
+            check_metadata(value)
         if name in implemented or name in IGNORED:
             continue
         if name in unsupported:

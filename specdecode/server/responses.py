@@ -7,9 +7,11 @@ engine reuses its cached prefix and copies from earlier answers as it does for a
 
 Stored responses (store: true, the default) live in this process's memory, per client namespace (the key id,
 peer address and, on a server without keys, the bearer token: http_parts.request_namespace without `user`). Each
-client (its fair-queue lane: key id and peer address, whatever token it shows) holds at most `per_client`, its
-oldest dropped first; past `total` in all, the oldest of the client holding the most goes, so that no client, however
-many tokens it mints, can push out another's. Another namespace's id is not found, exactly as an id that never
+client (its fair-queue lane: key id and peer address, whatever token it shows) holds at most `per_client` responses
+and `per_client_bytes` of them, its oldest dropped first; past `total` or `total_bytes` in all, the oldest of the
+client holding the most goes, so that no client, however many tokens it mints, can push out another's. A response
+echoes what was read from its request (metadata within OpenAI's bounds, the tools and format as parsed), not the
+client's bytes. Another namespace's id is not found, exactly as an id that never
 existed.
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Callable
 from fastapi import FastAPI, Request
 
 from ..grammar import GrammarSpec
-from .protocol import ApiError, GenerationRequest, check_fields, parse_chat
+from .protocol import ApiError, GenerationRequest, check_fields, check_metadata, parse_chat
 from .shaping import parsed_off_the_loop_if_long
 from .tools import ToolCallStream, function_definition, parse_tool_calls
 
@@ -61,37 +63,65 @@ class Stored:
     response: dict
     messages: list[dict]  # the conversation in chat shape, answer included, instructions not
     client: str = ""  # whose quota it counts against (the fair-queue lane): a client's namespaces share one
+    size: int = 0  # what it holds, in characters of JSON (ResponseStore.put measures it)
+
+
+def stored_size(item: Stored) -> int:
+    """An item's size as the store counts it: the JSON of its response and its conversation. A chain's turns share
+    their history's objects, so this overcounts a chain: the bound errs towards keeping less."""
+    return len(json.dumps([item.response, item.messages], ensure_ascii=False))
 
 
 @dataclass
 class ResponseStore:
+    """Bounded in count and in size, per client and in all: a count alone let one client pin gigabytes (r3: 3.9 MB
+    of metadata in each of 100 one-token responses, and 2,000 in all)."""
+
     per_client: int = 100
     total: int = 2000
+    per_client_bytes: int = 64 * 2**20
+    total_bytes: int = 512 * 2**20
     _items: OrderedDict = field(default_factory=OrderedDict)  # id -> Stored, oldest first
+    bytes_held: int = 0
 
     def get(self, namespace: str, response_id) -> Stored | None:
         item = self._items.get(response_id) if isinstance(response_id, str) else None
         return item if item is not None and item.namespace == namespace else None
 
     def put(self, response_id: str, item: Stored) -> None:
+        """Stores `item`; then the client's oldest go while it holds more than its share (never the item just put),
+        and while the store holds more than its total, the oldest of the client holding the most."""
+        item.size = stored_size(item)
+        self._drop(response_id)
         self._items[response_id] = item
-        mine = [key for key, held in self._items.items() if held.client == item.client]
-        for key in mine[: max(0, len(mine) - self.per_client)]:
-            del self._items[key]
-        while len(self._items) > self.total:
-            self._drop_oldest_of_the_fullest()
+        self.bytes_held += item.size
+        mine = [key for key, held in self._items.items() if held.client == item.client]  # oldest first
+        mine_bytes = sum(self._items[key].size for key in mine)
+        while len(mine) > 1 and (len(mine) > self.per_client or mine_bytes > self.per_client_bytes):
+            oldest = mine.pop(0)
+            mine_bytes -= self._items[oldest].size
+            self._drop(oldest)
+        while len(self._items) > self.total or self.bytes_held > self.total_bytes:
+            self._drop_oldest_of_the_fullest(by_size=self.bytes_held > self.total_bytes)
 
-    def _drop_oldest_of_the_fullest(self) -> None:
-        """Room made by the client holding the most (of equals, the one with the oldest item): a client can push
-        out only its own responses while it holds more than the others."""
-        held = Counter(item.client for item in self._items.values())  # in the order of each client's oldest item
+    def _drop_oldest_of_the_fullest(self, by_size: bool) -> None:
+        """Room made by the client holding the most, in bytes or in responses, whichever bound is passed (of equals,
+        the one with the oldest item): a client can push out only its own responses while it holds more than others."""
+        held = Counter()  # in the order of each client's oldest item
+        for item in self._items.values():
+            held[item.client] += item.size if by_size else 1
         fullest = max(held, key=held.get)
-        del self._items[next(key for key, item in self._items.items() if item.client == fullest)]
+        self._drop(next(key for key, item in self._items.items() if item.client == fullest))
+
+    def _drop(self, response_id: str) -> None:
+        item = self._items.pop(response_id, None)
+        if item is not None:
+            self.bytes_held -= item.size
 
     def delete(self, namespace: str, response_id: str) -> bool:
         if self.get(namespace, response_id) is None:
             return False
-        del self._items[response_id]
+        self._drop(response_id)
         return True
 
 
@@ -272,21 +302,40 @@ def answer_message(output: list[dict]) -> dict:
     return {"role": "assistant", "content": text or None, "tool_calls": calls} if calls else {"role": "assistant", "content": text}
 
 
+# What a response echoes of its request is what was read from it, not the client's bytes as sent: the response is
+# stored, and fields the parser skips (a tool's or a format's unknown keys) were stored whatever their size.
+def echoed_tools(body: dict) -> list[dict]:
+    tools, _ = chat_tools(body)
+    return [{"type": "function", **tool["function"]} for tool in tools or ()]
+
+
+def echoed_tool_choice(body: dict, gen: GenerationRequest):
+    choice = body.get("tool_choice")
+    if isinstance(gen.tool_choice, dict):
+        return {"type": "function", "name": gen.tool_choice["function"]["name"]}
+    return choice if isinstance(choice, str) else gen.tool_choice
+
+
+def echoed_format(body: dict) -> dict:
+    spec = body["text"].get("format") if isinstance(body.get("text"), dict) else None
+    if not isinstance(spec, dict) or spec.get("type") not in ("json_object", "json_schema"):
+        return {"type": "text"}
+    return {key: spec[key] for key in ("type", "name", "description", "schema", "strict") if key in spec}
+
+
 class ResponseShape:
     """One response's fixed fields (echoed from the request) and the object around its output."""
 
     def __init__(self, body: dict, gen: GenerationRequest, model_name: str):
         self.id = _id("resp_")
         self.created_at = int(time.time())
-        text = body.get("text") if isinstance(body.get("text"), dict) else {}
         self.fields = {
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
             "model": model_name, "parallel_tool_calls": gen.parallel_tool_calls,
             "previous_response_id": body.get("previous_response_id"), "store": body.get("store", True) is not False,
-            "temperature": gen.temperature, "top_p": gen.top_p, "text": {"format": text.get("format") or {"type": "text"}},
-            "tool_choice": body.get("tool_choice", "auto" if body.get("tools") else "none"),
-            "tools": body.get("tools") or [], "truncation": "disabled", "user": body.get("user"),
-            "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
+            "temperature": gen.temperature, "top_p": gen.top_p, "text": {"format": echoed_format(body)},
+            "tool_choice": echoed_tool_choice(body, gen), "tools": echoed_tools(body), "truncation": "disabled",
+            "user": body.get("user"), "metadata": dict(check_metadata(body.get("metadata"))),
         }
 
     def object(self, status: str, output: list[dict], stats: dict | None = None) -> dict:

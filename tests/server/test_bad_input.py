@@ -106,6 +106,12 @@ CASES = [
      400, "tools[0].function.parameters"),
     ("schema integer past 64 bits", "chat/completions", body(CHAT, response_format={"type": "json_schema", "json_schema": {
         "name": "s", "schema": {"type": "string", "maxLength": 10**20}}}), 400, "response_format"),
+    # metadata was accepted unchecked; Responses stored and echoed it (review turn 5, finding 3: 3.9 MB a response)
+    *[(f"{route} metadata {name}", route, body(base, metadata=metadata), 400, "metadata")
+      for route, base in [("completions", GOOD), ("chat/completions", CHAT), ("responses", RESPONSES)]
+      for name, metadata in [("of 1 MB", {"note": "x" * 2**20}), ("of 17 pairs", {f"k{i}": "v" for i in range(17)}),
+                             ("key of 65 characters", {"k" * 65: "v"}), ("value of 513 characters", {"k": "v" * 513}),
+                             ("value not a string", {"k": 5}), ("an array", ["k", "v"])]],
 ]
 
 

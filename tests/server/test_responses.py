@@ -192,3 +192,49 @@ def test_a_client_minting_namespaces_pushes_out_only_its_own_responses():
     for other in range(18):  # 18 other clients fill the store: the one holding the most (the attacker) makes room
         store.put(f"o{other}", Stored(f"O{other}", {}, [], client=f"other{other}"))
     assert store.get("V", "victim") is not None and len([k for k in store._items if k.startswith("x")]) == 1
+
+
+def test_metadata_at_openais_bounds_is_echoed_and_stored(live_server):
+    metadata = {f"{index:02d}" + "k" * 62: "v" * 512 for index in range(16)}
+    created = httpx.post(live_server.api_url + "/responses", json={**GOOD, "metadata": metadata}, timeout=60)
+    assert created.status_code == 200 and created.json()["metadata"] == metadata
+    stored = httpx.get(live_server.api_url + "/responses/" + created.json()["id"], timeout=30)
+    assert stored.json()["metadata"] == metadata
+
+
+def test_a_response_echoes_its_tools_and_format_as_read_not_as_sent():
+    """Keys the parser skips rode along into the stored response, whatever their size."""
+    from specdecode.server.responses import ResponseShape
+
+    junk = "x" * 100_000
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    tools = {"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "junk": junk}]}
+    for body, echoed in [
+        ({**GOOD, **tools, "tool_choice": {"type": "function", "name": "f", "junk": junk}},
+         {"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+          "tool_choice": {"type": "function", "name": "f"}}),
+        ({**GOOD, **tools, "text": {"format": {"type": "json_schema", "name": "s", "schema": schema, "junk": junk}}},
+         {"text": {"format": {"type": "json_schema", "name": "s", "schema": schema}}, "tool_choice": "auto"}),
+    ]:
+        fields = ResponseShape(body, chat_request(body, [])[0], MODEL).fields
+        assert {name: fields[name] for name in echoed} == echoed and junk not in json.dumps(fields)
+
+
+def big(client: str, size: int) -> Stored:
+    return Stored(client.upper(), {"output": "x" * size}, [], client=client)
+
+
+def test_the_store_is_bounded_in_bytes_per_client_and_in_all():
+    """The store counted responses, not bytes: 100 responses of 4 MB each were all kept (r3)."""
+    store = ResponseStore(per_client=100, total=1000, per_client_bytes=1_000_000, total_bytes=3_000_000)
+    for index in range(100):
+        store.put(f"a{index}", big("a", 300_000))
+    assert store.bytes_held <= 1_000_000 and store.get("A", "a99") is not None and store.get("A", "a96") is None
+    store.put("huge", big("a", 2_000_000))  # the newest is kept even alone past the bound: its chain goes on
+    assert store.get("A", "huge") is not None and store.get("A", "a99") is None
+    store.put("victim", big("v", 1000))
+    for index in range(30):  # other clients fill the store: whoever holds the most bytes makes room
+        store.put(f"o{index}", big(f"o{index % 3}", 400_000))
+    assert store.bytes_held <= 3_000_000 and store.get("V", "victim") is not None
+    assert sum(item.size for item in store._items.values()) == store.bytes_held
+    assert store.delete("V", "victim") and store.bytes_held == sum(item.size for item in store._items.values())
