@@ -238,7 +238,10 @@ def _common(body: dict, kind: str, prompt, max_tokens_field: str = "max_tokens")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _bad("stream_options", f"'stream_options' must be an object, got {_describe(options)}", "invalid_type")
-    include_usage = _boolean(options or {}, "include_usage", False)
+    include_usage = (options or {}).get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise _bad("stream_options.include_usage", "'stream_options.include_usage' must be a boolean, got"
+                   f" {_describe(include_usage)}", "invalid_type")
     drafter, k = _speculative(body)
     return GenerationRequest(
         kind=kind,
@@ -251,7 +254,7 @@ def _common(body: dict, kind: str, prompt, max_tokens_field: str = "max_tokens")
         seed=_integer(body, "seed", None, minimum=0, maximum=MAX_SEED),
         stop=_stop(body),
         stream=stream,
-        include_usage=include_usage,
+        include_usage=bool(include_usage),
         user=_string(body, "user"),
         drafter=drafter,
         k=k,

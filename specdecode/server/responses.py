@@ -149,9 +149,12 @@ def _text(content, param: str) -> str:
     raise _bad(param, "content must be a string or an array of text parts", "invalid_type")
 
 
-def input_messages(value) -> list[dict]:
-    """The `input` (a string, or a list of items) as chat messages."""
+def input_messages(value, origins: list[dict] | None = None) -> list[dict]:
+    """The `input` (a string, or a list of items) as chat messages. `origins` gets, for each message, the input
+    item it came from and those of its tool calls ({"item": i, "calls": [j, ...]}): input_param reads them."""
+    origins = [] if origins is None else origins
     if isinstance(value, str):
+        origins.append({"item": None, "calls": []})
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise _bad("input", "'input' must be a string or a non-empty array of items",
@@ -178,6 +181,10 @@ def input_messages(value) -> list[dict]:
         else:
             raise _bad(f"{param}.type" if isinstance(item, dict) else param, "input items must be messages,"
                        f" function_call or function_call_output items, got {kind!r}")
+        if len(messages) > len(origins):
+            origins.append({"item": index, "calls": []})
+        if kind == "function_call":
+            origins[-1]["calls"].append(index)
     return messages
 
 
@@ -235,9 +242,33 @@ CHAT_PARAMS = [(re.compile(r"^messages.*"), "input"), (re.compile(r"^max_(comple
                (re.compile(r"^response_format"), "text.format")]
 
 
-def as_responses_error(exc: ApiError) -> ApiError:
+# Chat's names for the fields of one message (server-made names, not client text)
+MESSAGE_PARAM = re.compile(r"messages\[(\d+)\](.*)")
+CALL_PARAM = re.compile(r"\.tool_calls\[(\d+)\](?:\.function)?(.*)")
+
+
+def input_param(param: str, origins: list[dict], first: int) -> str:
+    """Chat's `messages[k]...` as the Responses body names the field: `input[i]...` for the input item the message
+    came from (`input[j].arguments` for its tool call's), where message `first` is the first from `input` (the
+    instructions and a stored chain come before); else `input`."""
+    match = MESSAGE_PARAM.fullmatch(param)
+    index = int(match[1]) - first if match else -1
+    if not 0 <= index < len(origins) or origins[index]["item"] is None:
+        return "input"
+    origin, rest = origins[index], match[2]
+    call = CALL_PARAM.fullmatch(rest)
+    if call:
+        number = int(call[1])
+        return f"input[{origin['calls'][number]}]{call[2]}" if number < len(origin["calls"]) else "input"
+    return f"input[{origin['item']}]{rest.replace('.tool_call_id', '.call_id')}"
+
+
+def as_responses_error(exc: ApiError, origins: list[dict] | None = None, first: int = 0) -> ApiError:
     """A chat error with its param named as the Responses body names the field; wherever it was raised (parsing,
-    tokenizing, the engine's limits)."""
+    tokenizing, the engine's limits). With the messages' `origins` (input_messages), a message's field keeps its
+    item's index."""
+    if exc.param and exc.param.startswith("messages[") and origins is not None:
+        exc.param = input_param(exc.param, origins, first)
     for pattern, name in CHAT_PARAMS:
         exc.param = pattern.sub(name, exc.param) if exc.param else exc.param
     return exc
@@ -252,7 +283,9 @@ def chat_request(body: dict, history: list[dict]) -> tuple[GenerationRequest, li
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise _bad(name, f"'{name}' must be a boolean", "invalid_type")
     check_fields(body, RESPONSES_FIELDS | set(CHAT_EXTENSIONS), UNSUPPORTED_RESPONSES)
-    conversation = history + input_messages(body.get("input"))
+    origins = []
+    conversation = history + input_messages(body.get("input"), origins)
+    first = len(history) + (1 if instructions else 0)  # the first message from `input`
     tools, choice = chat_tools(body)
     chat = {"model": body.get("model"), "messages": ([{"role": "system", "content": instructions}] if instructions else [])
             + conversation, "max_completion_tokens": body.get("max_output_tokens"), "temperature": body.get("temperature"),
@@ -262,7 +295,7 @@ def chat_request(body: dict, history: list[dict]) -> tuple[GenerationRequest, li
     try:
         gen = parse_chat({key: value for key, value in chat.items() if value is not None})
     except ApiError as exc:
-        raise as_responses_error(exc) from None
+        raise as_responses_error(exc, origins, first) from None
     grammar = text_format(body)
     if grammar is not None:
         if gen.grammar is not None:

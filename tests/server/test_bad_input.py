@@ -100,7 +100,7 @@ CASES = [
      400, "messages[1].tool_calls[0].function.arguments"),
     ("function_call arguments nested 100000 deep", "responses", body(RESPONSES, input=[
         {"type": "function_call", "call_id": "c", "name": "f", "arguments": "[" * 100_000},
-        {"type": "function_call_output", "call_id": "c", "output": "x"}]), 400, "input"),
+        {"type": "function_call_output", "call_id": "c", "output": "x"}]), 400, "input[0].arguments"),
     ("tool parameters nested 300 deep", "chat/completions",
      body(CHAT, tools=[{"type": "function", "function": {"name": "f", "parameters": nested_schema(300)}}]),
      400, "tools[0].function.parameters"),
@@ -112,6 +112,8 @@ CASES = [
       for name, metadata in [("of 1 MB", {"note": "x" * 2**20}), ("of 17 pairs", {f"k{i}": "v" for i in range(17)}),
                              ("key of 65 characters", {"k" * 65: "v"}), ("value of 513 characters", {"k": "v" * 513}),
                              ("value not a string", {"k": 5}), ("an array", ["k", "v"])]],
+    ("stream_options.include_usage not a boolean", "completions",
+     body(GOOD, stream=True, stream_options={"include_usage": "yes"}), 400, "stream_options.include_usage"),
 ]
 
 

@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from specdecode.server.protocol import ApiError
 from specdecode.server.responses import ResponseStore, Stored, chat_request
 
 from .conftest import MODEL
@@ -238,3 +239,21 @@ def test_the_store_is_bounded_in_bytes_per_client_and_in_all():
     assert store.bytes_held <= 3_000_000 and store.get("V", "victim") is not None
     assert sum(item.size for item in store._items.values()) == store.bytes_held
     assert store.delete("V", "victim") and store.bytes_held == sum(item.size for item in store._items.values())
+
+
+def test_an_input_items_error_keeps_its_index():
+    """Chat's checks name messages[k].tool_calls[j].function.arguments; the Responses error said only `input`."""
+    history = [{"role": "user", "content": "earlier"}, {"role": "assistant", "content": "answer"}]
+    bad = {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "[1, 2]"}
+    items = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "let me call"},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}, bad,
+             {"type": "function_call_output", "call_id": "c1", "output": "x"}]
+    for instructions in (None, "Be brief."):
+        for chain in ([], history):
+            body = {"model": MODEL, "input": items, **({"instructions": instructions} if instructions else {})}
+            with pytest.raises(ApiError) as caught:
+                chat_request(body, chain)
+            assert caught.value.param == "input[3].arguments"
+    with pytest.raises(ApiError) as caught:
+        chat_request({"model": MODEL, "input": [bad]}, [])
+    assert caught.value.param == "input[0].arguments"
