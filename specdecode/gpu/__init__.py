@@ -18,13 +18,22 @@ def unavailable(model) -> str | None:
 
 def unavailable_for(config, device) -> str | None:
     """Why the Triton path cannot run a model of this configuration on this device; None where it can."""
-    device = getattr(device, "type", str(device))
+    index = getattr(device, "index", None)
+    device = getattr(device, "type", str(device).partition(":")[0])
     if device != "cuda" and not (device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
         return f"the Triton path runs on CUDA devices (this model is on {device})"
     try:
         import triton  # noqa: F401
     except ImportError:
         return "Triton is not installed (pip install triton)"
+    if device == "cuda":
+        import torch
+
+        # Triton's kernels need bfloat16 MMA (sm_80): on a T4 or V100 the first pass would fail to compile
+        major, minor = torch.cuda.get_device_capability(torch.device(device, index) if index is not None else None)
+        if (major, minor) < (8, 0):
+            return (f"the Triton kernels need a GPU of compute capability 8.0 or newer (bfloat16 MMA); this one is "
+                    f"{major}.{minor}")
     if config.head_dim & (config.head_dim - 1) or config.head_dim < 16:
         return f"the Triton attention takes head sizes that are powers of two, not {config.head_dim}"
     return None

@@ -11,13 +11,15 @@ copy, and the pass is one replay. Larger passes (prompt chunks) launch the same 
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .gguf_blocks import BlockPart, BlockWeight
+from .gguf_blocks import K_STEP, BlockPart, BlockWeight
 from .kv_pool import KVPool
 
 # Row-count buckets captured as CUDA graphs; a pass of more rows runs eagerly.
@@ -36,7 +38,7 @@ class Tiles:
 
     block_m: int = 64
     block_n: int = 64
-    block_k: int = 64
+    block_k: int = K_STEP  # GGUF-block matrices need K a multiple of it (gguf_blocks.gpu_readable)
     max_split: int = 512
     attn_chunk: int = 64
     attn_split: int = 64
@@ -51,16 +53,33 @@ class Tiles:
     # The last split of each product tile adds the tile's splits (in order) where the product has several, so the
     # consumers read one sum per row instead of one program per row reading every split; the last segment of a
     # row's attention merges the segments (in order), so no merge kernel is launched (triton_kernels.py).
-    fused_sums: bool = True
+    # Off by default until a device run shows it bitwise (issue 63): the interpreter runs programs one at a time in
+    # grid order, so it can never show the arrival counters under real concurrency (scripts/gpu_check.py does).
+    fused_sums: bool = False
     # The gate|up product's tiles pair each gate column with its up column and their last split applies the gated
     # activation (with fused_sums; a matrix whose gate and up are blocks of two types runs the activation kernel).
-    fused_act: bool = True
+    # Off by default for the same reason: the paired lanes have not run under a GPU's MMA.
+    fused_act: bool = False
+    # A check's twin, never a production choice: programs take splits and segments last to first, so that another
+    # program arrives last and adds the others (the sums must not change).
+    reversed: bool = False
 
     def split_size(self, k: int) -> int:
         """Reduction length of one split of a product over k: from k alone (about k/8, so that small row counts
         still fill the device), a multiple of block_k."""
         target = min(self.max_split, triton_next_pow2(k) // 8)
         return max(self.block_k, target // self.block_k * self.block_k)
+
+
+def check_shape(weight, tiles: Tiles) -> None:
+    """Refuse a matrix the product kernel would read out of bounds: GGUF blocks whose K is not a multiple of the
+    kernel's K step (its loads are masked by whole steps), or a matrix of 2^31 weights or more (32-bit offsets)."""
+    n, k = weight.shape
+    if isinstance(weight, BlockWeight) and k % tiles.block_k:
+        raise ValueError(f"a matrix of GGUF blocks [{n}, {k}]: the Triton kernel reads K in steps of {tiles.block_k}"
+                         f" (load it as bfloat16: --precision bfloat16)")
+    if n * k >= 1 << 31:
+        raise ValueError(f"a matrix of {n} x {k} weights: the Triton kernel indexes weights in 32 bits")
 
 
 def triton_next_pow2(n: int) -> int:
@@ -88,13 +107,17 @@ class ExactPass:
         self.group = c.n_heads // c.n_kv_heads
         self.group_pad = max(16, triton_next_pow2(self.group))
         self.graphs = model.device.type == "cuda" if graphs is None else graphs
+        self.device = model.device  # the device every launch and capture runs on (made current for them)
         self.pools: dict[int, KVPool] = {}
         self._captured: dict = {}
         self._memory = None  # one memory pool for every captured pass: they replay one at a time
         self._head_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # (output weight, its copy in act_dtype)
-        # The largest prompt chunk an engine feeds one pass: the partial sums of the splits and of the attention
+        # The most rows one pass holds (plan cuts larger ones): the partial sums of the splits and of the attention
         # segments grow with the rows.
         self.max_rows = 128
+        # The most float32 values a pass's attention scratch (per layer: rows x kv heads x segments x padded group
+        # x (head size + 2)) may hold: plan gives long contexts fewer rows a pass (1 GiB; under 2^31 offsets).
+        self.scratch_limit = 1 << 28
         # Arrival counts of fused split sums: enough for 4,096 rows of the widest product (the head)
         widest = max(c.vocab_size, c.q_size + 2 * c.kv_size, 2 * c.intermediate_size)
         self._counts = [torch.zeros(-(-4096 // tiles.block_m) * -(-widest // tiles.block_n), dtype=torch.int32,
@@ -103,51 +126,129 @@ class ExactPass:
     # ------------------------------------------------------------------ caches
     def new_cache(self, max_len: int):
         c = self.model.config
-        if max_len not in self.pools:
-            self.pools[max_len] = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, max_len, self.act_dtype, self.model.device)
-        return self.pools[max_len].new_cache()
+        with self.on_device():
+            if max_len not in self.pools:
+                self.pools[max_len] = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, max_len, self.act_dtype,
+                                              self.model.device)
+            return self.pools[max_len].new_cache()
+
+    def on_device(self):
+        """The model's device made current: Triton launches on the current device, and graphs capture there
+        (a model on cuda:1 must not launch on cuda:0)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ a pass
-    def run(self, segments) -> torch.Tensor:
-        """Logits [rows, vocab] (float32) of the segments' rows in order (models.transformer.Segment, whose caches
-        all come from one pool of this pass), after writing the rows' keys and values to their caches. One tensor
-        for the whole pass, so that what follows it (finishing the logits, the argmaxes) is a launch or two
-        however many sequences share it."""
+    def run(self, segments) -> torch.Tensor | None:
+        """Logits [wanted rows, vocab] (float32) of the rows the segments want (models.transformer.Segment: each
+        row of an "all" segment, the last of a "last" one), in order, after writing every row's keys and values to
+        its cache; None where no row wants logits. The segments' caches all come from one pool of this pass, and
+        their rows fit one pass (plan). One tensor for the whole pass, so that what follows it (finishing the
+        logits, the argmaxes) is a launch or two however many sequences share it."""
         pool = segments[0].cache.pool
         if any(seg.cache.pool is not pool for seg in segments):
             raise ValueError("segments of one pass must share a cache pool")
         rows = sum(seg.rows for seg in segments)
-        bucket = next((b for b in BUCKETS if b >= rows), None) if self.graphs else None
-        meta = pass_metadata(segments, bucket or rows, bucket or max_depth(segments))
-        if bucket is None:
-            logits = self.forward(meta.to(self.model.device, non_blocking=True), pool)
-        else:
-            graph, static_meta, static_logits = self._graph(bucket, pool)
-            static_meta.copy_(meta, non_blocking=True)
+        keys = max(seg.cache.length + seg.rows for seg in segments)  # the most keys a row of the pass sees
+        wanted = wanted_rows(segments)
+        with self.on_device():
+            bucket = self._bucket(rows, keys, pool)
+            if bucket is None:
+                meta = pass_metadata(segments, rows, max_depth(segments)).to(self.model.device, non_blocking=True)
+                picked = None if len(wanted) == rows else torch.tensor(wanted, device=self.model.device)
+                return self.forward(meta, pool, keys, picked)
+            graph, static_meta, static_logits = self._graph(*bucket, pool)
+            static_meta.copy_(pass_metadata(segments, bucket[0], bucket[0]), non_blocking=True)
             graph.replay()
-            logits = static_logits
-        # A copy of a captured pass's rows: its logits are overwritten by the bucket's next replay.
-        return logits[:rows].clone() if bucket else logits
+            # A copy of the rows wanted: the bucket's next replay overwrites its logits.
+            if len(wanted) == rows:
+                return static_logits[:rows].clone()
+            return static_logits.index_select(0, torch.tensor(wanted, device=self.model.device)) if wanted else None
 
-    def _graph(self, bucket: int, pool: KVPool):
-        key = (bucket, id(pool), pool.version)
+    def _bucket(self, rows: int, keys: int, pool: KVPool) -> tuple[int, int] | None:
+        """The captured pass (rows, keys) that runs these rows: rows and attention segments rounded up to powers
+        of two (segments at most the pool's), where the scratch stays within scratch_limit; None: run eagerly."""
+        bucket = next((b for b in BUCKETS if b >= rows), None) if self.graphs else None
+        if bucket is None:
+            return None
+        split = self.tiles.attn_split
+        segments = min(triton_next_pow2(-(-keys // split)), -(-pool.max_len // split))
+        if bucket * self.scratch_per_row(segments * split) > self.scratch_limit:
+            return None
+        return bucket, segments * split
+
+    def _graph(self, bucket: int, keys: int, pool: KVPool):
+        """The captured pass of `bucket` rows whose rows see at most `keys` keys. Keyed on the pool's tensors and
+        the output head it reads (a draft's head subset may be replaced), and holding that head, so that a graph
+        never reads freed memory."""
+        head = self.head_weight()
+        key = (bucket, keys, id(pool), pool.version, id(head))
         if key not in self._captured:
-            self._captured = {k: v for k, v in self._captured.items() if k[1] != key[1] or k[2] == pool.version}
+            self._captured = {k: v for k, v in self._captured.items() if k[2] != key[2] or k[3] == pool.version}
             meta = padding_metadata(bucket, bucket).to(self.model.device)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # compiles the kernels and settles the allocator before capture
-                self.forward(meta, pool)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            self._memory = self._memory or torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self._memory):
-                logits = self.forward(meta, pool)
-            self._captured[key] = (graph, meta, logits)
-        return self._captured[key]
+            self._captured[key] = (*self._capture(meta, pool, keys), head)
+        return self._captured[key][:3]
 
-    def forward(self, meta: torch.Tensor, pool: KVPool) -> torch.Tensor:
-        """The pass itself over device metadata [META + depth, rows]: logits [rows, vocab] float32."""
+    def _capture(self, meta: torch.Tensor, pool: KVPool, keys: int):
+        """(graph, its metadata, its logits) of one pass over `meta`'s rows."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compiles the kernels and settles the allocator before capture
+            self.forward(meta, pool, keys)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        self._memory = self._memory or torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._memory):
+            logits = self.forward(meta, pool, keys)
+        return graph, meta, logits
+
+    def forget_graphs(self) -> None:
+        """Drop the captured passes (the model's head changed: they would read the old one)."""
+        self._captured = {}
+
+    # ------------------------------------------------------------------ how many rows a pass takes
+    def scratch_per_row(self, keys: int) -> int:
+        """float32 values of one row's attention scratch per layer (m, l and acc) where rows see up to `keys` keys."""
+        c = self.model.config
+        return c.n_kv_heads * -(-keys // self.tiles.attn_split) * self.group_pad * (c.head_dim + 2)
+
+    def rows_for(self, keys: int) -> int:
+        """The most rows one pass may hold where its rows see up to `keys` keys (at least 1)."""
+        return max(1, min(self.max_rows, self.scratch_limit // self.scratch_per_row(keys)))
+
+    def plan(self, segments) -> list[list]:
+        """The passes that run `segments` (of one pool) in order, each within rows_for its longest row: lists of
+        (index of the segment, Segment). A chain longer than a pass takes is cut into pieces run in successive
+        passes (each piece attends the keys the one before wrote); a tree is never cut."""
+        passes, current, rows, keys = [], [], 0, 0
+        for index, seg in enumerate(segments):
+            pieces = self._pieces(seg)
+            for number, piece in enumerate(pieces, start=1):
+                ends = piece.cache.length + sum(p.rows for p in pieces[:number])  # the keys its last row sees
+                if current and rows + piece.rows > self.rows_for(max(keys, ends)):
+                    passes.append(current)
+                    current, rows, keys = [], 0, 0
+                current.append((index, piece))
+                rows, keys = rows + piece.rows, max(keys, ends)
+                if number < len(pieces):
+                    passes.append(current)
+                    current, rows, keys = [], 0, 0
+        return passes + ([current] if current else [])
+
+    def _pieces(self, seg) -> list:
+        """A segment cut into chains that a pass takes at the segment's longest keys (its logits: every piece's
+        rows for "all", the last piece's last row for "last"); a tree, or a segment that fits, whole."""
+        size = self.rows_for(seg.cache.length + seg.rows)
+        if seg.parents is not None or seg.rows <= size:
+            return [seg]
+        cuts = range(0, seg.rows, size)
+        return [dataclasses.replace(seg, tokens=seg.tokens[at : at + size],
+                                    logits=seg.logits if seg.logits == "all" or at + size >= seg.rows else "none")
+                for at in cuts]
+
+    def forward(self, meta: torch.Tensor, pool: KVPool, keys: int, picked: torch.Tensor | None = None
+                ) -> torch.Tensor | None:
+        """The pass itself over device metadata [META + depth, rows] whose rows see at most `keys` keys: logits
+        [rows, vocab] float32, or of the rows `picked` (indices) only; None where none is picked."""
         model, c = self.model, self.model.config
         rows = meta.shape[1]
         x = model.embed[meta[TOKEN].long()]
@@ -156,8 +257,12 @@ class ExactPass:
         self.k.rms_norm_kernel[(rows,)](x, model.layers[0].attn_norm, h, c.hidden_size, c.rms_norm_eps,
                                         BLOCK=triton_next_pow2(c.hidden_size))
         for index, layer in enumerate(model.layers):
-            attn = self._attention(layer, index, h, meta, pool)
+            attn = self._attention(layer, index, h, meta, pool, keys)
             h = self._mlp(layer, index, x, attn)
+        if picked is not None:  # a row's logits depend on its own row alone: the others need no head
+            if not picked.numel():
+                return None
+            h = h.index_select(0, picked)
         return self._head(h)
 
     # ------------------------------------------------------------------ parts of a layer
@@ -169,6 +274,7 @@ class ExactPass:
         rows, k = x.shape
         n = weight.shape[0]
         t = self.tiles
+        check_shape(weight, t)
         split = t.split_size(k)
         splits = -(-k // split)
         part = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
@@ -187,7 +293,7 @@ class ExactPass:
                                                n, splits, split, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                                                KIND=p.kind, DOT_F32=self.dot_f32, ROUND_BY_BITS=self.round_by_bits,
                                                FUSE_SUM=fuse, PAIRED=gated is not None, GELU=gelu,
-                                               num_warps=t.warps, num_stages=t.stages)
+                                               REVERSED=t.reversed, num_warps=t.warps, num_stages=t.stages)
         return (summed, 1) if fuse else (part, splits)
 
     def _arrivals(self, tiles: int, device) -> torch.Tensor:
@@ -197,7 +303,8 @@ class ExactPass:
             self._counts.append(torch.zeros(max(tiles, 2 * self._counts[-1].numel()), dtype=torch.int32, device=device))
         return self._counts[-1]
 
-    def _attention(self, layer, index: int, h: torch.Tensor, meta: torch.Tensor, pool: KVPool) -> torch.Tensor:
+    def _attention(self, layer, index: int, h: torch.Tensor, meta: torch.Tensor, pool: KVPool, n_keys: int
+                   ) -> torch.Tensor:
         """QKV product, q/k norms, rotary embedding, cache writes and attention of every row: [rows, H * D]."""
         c = self.model.config
         rows = h.shape[0]
@@ -212,14 +319,16 @@ class ExactPass:
             part, bias, q_norm, k_norm, cos, sin, meta[POS], meta[SLOT], meta[WRITE], q, keys, values,
             keys.stride(0), keys.stride(1), rows, c.rms_norm_eps, H=c.n_heads, HKV=c.n_kv_heads, D=c.head_dim,
             SPLITS=splits, HAS_BIAS=layer.qkv_bias is not None, QK_NORM=layer.q_norm is not None)
-        return self.attend(layer, index, q, meta, pool)
+        return self.attend(layer, index, q, meta, pool, n_keys)
 
-    def attend(self, layer, index: int, q: torch.Tensor, meta: torch.Tensor, pool: KVPool) -> torch.Tensor:
-        """Attention of every row's q [rows, H, D] over its own cache entries: [rows, H * D]."""
+    def attend(self, layer, index: int, q: torch.Tensor, meta: torch.Tensor, pool: KVPool, n_keys: int
+               ) -> torch.Tensor:
+        """Attention of every row's q [rows, H, D] over its own cache entries (at most n_keys): [rows, H * D].
+        The scratch and the grid cover the segments the rows reach, not the pool's length."""
         c, t = self.model.config, self.tiles
         rows = q.shape[0]
         keys, values = pool.keys[index], pool.values[index]
-        segments = -(-pool.max_len // t.attn_split)
+        segments = -(-min(n_keys, pool.max_len) // t.attn_split)
         shape = (rows, c.n_kv_heads, segments, self.group_pad)
         m = torch.empty(shape, dtype=torch.float32, device=q.device)
         total = torch.empty(shape, dtype=torch.float32, device=q.device)
@@ -227,15 +336,16 @@ class ExactPass:
         scale = c.attention_scale or c.head_dim ** -0.5
         depth = meta[META:]
         common = dict(H=c.n_heads, HKV=c.n_kv_heads, GROUP=self.group, GROUP_PAD=self.group_pad, D=c.head_dim,
-                      SPLIT=t.attn_split, SEGMENTS=segments)
+                      SPLIT=t.attn_split)
         out = torch.empty(rows, c.q_size, dtype=self.act_dtype, device=q.device)
         self.k.attention_partial_kernel[(rows, c.n_kv_heads, segments)](
             q, keys, values, meta[SLOT], meta[POS], meta[KEYS], meta[PREFIX], depth, depth.stride(0), m, total, acc,
             out, self._arrivals(rows * c.n_kv_heads, q.device), keys.stride(0), keys.stride(1), rows, scale,
-            layer.window, CHUNK=t.attn_chunk, DOT_F32=self.dot_f32, FUSE_MERGE=t.fused_sums, **common)
+            layer.window, segments, CHUNK=t.attn_chunk, DOT_F32=self.dot_f32, FUSE_MERGE=t.fused_sums,
+            REVERSED=t.reversed, **common)
         if not t.fused_sums:
             self.k.attention_merge_kernel[(rows, c.n_kv_heads)](m, total, acc, meta[POS], meta[KEYS], out, rows,
-                                                                layer.window, **common)
+                                                                layer.window, segments, **common)
         return out
 
     def _mlp(self, layer, index: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -285,10 +395,14 @@ class ExactPass:
                                              c.rms_norm_eps, HAS_POST=post is not None, BLOCK=block,
                                              num_warps=max(4, min(16, block // 256)))
 
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
+    def head_weight(self):
+        """The output head a pass multiplies (a draft's subset head where it has one), in the matrices' dtype."""
         model = self.model
         weight = model._subset_head if model._subset_head is not None else model.output_weight()
-        weight = weight if weight.dtype == self.act_dtype else self._head_copy(weight)
+        return weight if weight.dtype == self.act_dtype else self._head_copy(weight)
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        weight = self.head_weight()
         part, splits = self.product(h, weight)
         if splits == 1:  # summed already (a sum never ends at -0.0, so adding it to 0.0 would change no bit)
             return part[0]
@@ -316,6 +430,19 @@ class ExactPass:
 
 
 # ---------------------------------------------------------------------- the rows' metadata
+def wanted_rows(segments) -> list[int]:
+    """The rows of a pass whose logits its segments want, in order: an "all" segment's every row, a "last" one's
+    last."""
+    wanted, first = [], 0
+    for seg in segments:
+        if seg.logits == "all":
+            wanted += range(first, first + seg.rows)
+        elif seg.logits == "last" and seg.rows:
+            wanted.append(first + seg.rows - 1)
+        first += seg.rows
+    return wanted
+
+
 def max_depth(segments) -> int:
     """The most rows a token tree's path holds (its deepest node's, wherever that node sits in the block)."""
     return max((max(map(len, tree_ancestors(seg.parents))) if seg.parents else 1) for seg in segments)

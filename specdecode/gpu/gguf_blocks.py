@@ -34,6 +34,9 @@ NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q
 # Where a block's float16 fields sit (d, then dmin or m)
 HALVES = {Q4_0: (0,), Q4_1: (0, 2), Q5_0: (0,), Q5_1: (0, 2), Q8_0: (0,), Q2_K: (80, 82), Q3_K: (108,),
           Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,), IQ4_NL: (0,), IQ4_XS: (0,)}
+# The product kernel reads K in whole steps of this many weights (exact_pass.Tiles.block_k): a 32-weight block type
+# whose K is an odd multiple of 32 would be read past each row's end, so such a matrix loads as bfloat16 instead.
+K_STEP = 64
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # ggml's IQ4 table
 
 
@@ -96,6 +99,12 @@ class BlockWeight:
 
 def readable(kinds) -> bool:
     return all(int(kind) in BLOCKS for kind in kinds)
+
+
+def columns(kind: int, raw) -> int:
+    """K of a source tensor of raw blocks [rows, bytes per row]."""
+    per_block, size = BLOCKS[int(kind)]
+    return raw.shape[1] // size * per_block
 
 
 def block_weight(parts: list[tuple[int, torch.Tensor | np.ndarray]], device, dtype=torch.bfloat16) -> BlockWeight:
@@ -251,8 +260,10 @@ def dequantized(kind: int, arrays: tuple[np.ndarray, ...]) -> np.ndarray:
 
 
 def gpu_readable(blocks: dict[str, list[tuple[int, torch.Tensor]]]) -> dict[str, list[tuple[int, torch.Tensor]]]:
-    """The matrices (of loader's {key: [(ggml type, raw blocks)]}) whose every source tensor the kernel reads."""
-    return {key: parts for key, parts in blocks.items() if readable(kind for kind, _ in parts)}
+    """The matrices (of loader's {key: [(ggml type, raw blocks)]}) whose every source tensor the kernel reads, in
+    whole K steps; the others load as bfloat16."""
+    return {key: parts for key, parts in blocks.items()
+            if readable(kind for kind, _ in parts) and all(columns(kind, raw) % K_STEP == 0 for kind, raw in parts)}
 
 
 def attach(model, blocks: dict[str, list[tuple[int, torch.Tensor]]]) -> int:

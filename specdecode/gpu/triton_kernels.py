@@ -16,8 +16,39 @@ otherwise bfloat16 operands go to the tensor cores with float32 accumulation.
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+
+# Arguments that carry a pass's row count or its keys: the row count, the ancestor table's row stride (the row
+# count), the segments a pass sizes its scratch by, and the metadata rows, views of one array at offsets of whole
+# rows (so their 16-byte alignment follows the row count). Triton specialises an int on being 1 or a multiple of 16
+# and a pointer on its alignment; on these it must not, or the row count would pick the binary a row runs.
+PASS_INTS = ["M", "anc_stride", "SEGMENTS"]
+META_POINTERS = ["slot_ptr", "pos_ptr", "keys_ptr", "prefix_ptr", "anc_ptr", "write_ptr"]
+
+
+def _interpreter_scalars_index() -> None:
+    """Triton 3.6's interpreter holds a scalar as a 1-element array and turns it into a loop bound with int(), which
+    NumPy 2.4 refuses for arrays that are not 0-dimensional: the attention merge loops from a row's first segment to
+    its last, bounds loaded from its metadata. Take the element instead (the interpreter only: tests, --tiny)."""
+    from triton.runtime import interpreter
+
+    patch = interpreter._patch_lang_tensor
+    if getattr(patch, "index_by_item", False):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.index_by_item = True
+    interpreter._patch_lang_tensor = patched
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreter_scalars_index()
 
 
 @triton.jit
@@ -155,12 +186,12 @@ def _to_bfloat16(w, BY_BITS: tl.constexpr):
     return w.to(tl.bfloat16)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=PASS_INTS)
 def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, part_ptr, sum_ptr, count_ptr,
                           M, N, K, COL0, NT, SPLITS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, KIND: tl.constexpr, DOT_F32: tl.constexpr,
                           ROUND_BY_BITS: tl.constexpr, FUSE_SUM: tl.constexpr, PAIRED: tl.constexpr = False,
-                          GELU: tl.constexpr = False):
+                          GELU: tl.constexpr = False, REVERSED: tl.constexpr = False):
     """part[s, m, COL0 + n] = sum over k in split s of x[m, k] * w[n, k]: x [M, K], part float32 [SPLITS, M, NT].
     KIND 0: w [N, K] row-major (bfloat16 or float32; the other array arguments unused); a ggml type (gguf_blocks):
     w is a matrix of GGUF blocks in gguf_blocks.py's arrays, whose bfloat16 weights are rebuilt per tile, so the
@@ -172,10 +203,14 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
 
     PAIRED (with FUSE_SUM; w is [gate | up], N = 2 INTER): a tile's lanes 2i and 2i+1 are gate column
     pid_n BLOCK_N / 2 + i and its up column, and the tile's sum is act(gate) * up, stored to sum [M, INTER] in its
-    dtype: the gated activation's own formula on the same sums, with no kernel of its own."""
+    dtype: the gated activation's own formula on the same sums, with no kernel of its own.
+
+    REVERSED (a check's twin): the programs take the splits last to first, so another split arrives last."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
+    if REVERSED:
+        split = SPLITS - 1 - split
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     lanes = tl.arange(0, BLOCK_N)
     if PAIRED:
@@ -197,19 +232,21 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
                                             BLOCK_N, BLOCK_K), ROUND_BY_BITS)
         acc = _dot(x.to(w.dtype), tl.trans(w), acc, DOT_F32)
     inside = (rows[:, None] < M) & live[None, :]
-    at = rows[:, None] * NT + COL0 + cols[None, :]
-    tl.store(part_ptr + split * M * NT + at, acc, mask=inside)
+    # in 64 bits: splits x rows x columns passes 2^31 near 2,000 rows of a full head
+    at = rows.to(tl.int64)[:, None] * NT + COL0 + cols[None, :]
+    tl.store(part_ptr + (split * M).to(tl.int64) * NT + at, acc, mask=inside)
     if FUSE_SUM:
         tile = count_ptr + pid_m * tl.num_programs(1) + pid_n
         tl.debug_barrier()  # every thread's partial sums stored before the arrival is counted (released)
         if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
             total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in range(0, SPLITS):  # ".cg": read from L2, where the other programs' stores are
-                total += tl.load(part_ptr + s * M * NT + at, mask=inside, other=0.0, cache_modifier=".cg")
+                total += tl.load(part_ptr + (s * M).to(tl.int64) * NT + at, mask=inside, other=0.0,
+                                 cache_modifier=".cg")
             if PAIRED:
                 gate, up = tl.split(tl.reshape(total, (BLOCK_M, BLOCK_N // 2, 2)))
                 pair = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-                tl.store(sum_ptr + rows[:, None] * (N // 2) + pair[None, :],
+                tl.store(sum_ptr + rows.to(tl.int64)[:, None] * (N // 2) + pair[None, :],
                          _gated(gate, up, GELU).to(sum_ptr.dtype.element_ty),
                          mask=(rows[:, None] < M) & (pair < N // 2)[None, :])
             else:
@@ -222,11 +259,11 @@ def _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS: tl.constexpr, BLOCK: tl
     """A row's columns summed over the splits in ascending order (the fixed order every row gets)."""
     total = tl.zeros((BLOCK,), dtype=tl.float32)
     for split in range(SPLITS):
-        total += tl.load(part_ptr + split * M * N + row * N + cols, mask=mask, other=0.0)
+        total += tl.load(part_ptr + (split * M + row).to(tl.int64) * N + cols, mask=mask, other=0.0)
     return total
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=PASS_INTS)
 def reduce_kernel(part_ptr, bias_ptr, out_ptr, M, N, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
                   BLOCK: tl.constexpr):
     """out[m, n] = sum of the splits (+ bias): the output head's logits."""
@@ -236,7 +273,7 @@ def reduce_kernel(part_ptr, bias_ptr, out_ptr, M, N, SPLITS: tl.constexpr, HAS_B
     y = _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS, BLOCK)
     if HAS_BIAS:
         y += tl.load(bias_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * N + cols, y, mask=mask)
+    tl.store(out_ptr + row.to(tl.int64) * N + cols, y, mask=mask)
 
 
 @triton.jit
@@ -257,7 +294,7 @@ def rms_norm_kernel(x_ptr, w_ptr, h_ptr, N: tl.constexpr, eps, BLOCK: tl.constex
     tl.store(h_ptr + row * N + cols, (x * _rms(x, mask, N, eps) * w).to(h_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=PASS_INTS)
 def residual_norm_kernel(part_ptr, x_ptr, post_w_ptr, norm_w_ptr, h_ptr, M, N: tl.constexpr, SPLITS: tl.constexpr,
                          eps, HAS_POST: tl.constexpr, BLOCK: tl.constexpr):
     """The end of a sublayer, one program per row: y = the product's splits summed (then RMS-normed by post_w where
@@ -274,7 +311,7 @@ def residual_norm_kernel(part_ptr, x_ptr, post_w_ptr, norm_w_ptr, h_ptr, M, N: t
     tl.store(h_ptr + row * N + cols, (x * _rms(x, mask, N, eps) * w).to(h_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=PASS_INTS)
 def gated_act_kernel(part_ptr, out_ptr, M, INTER: tl.constexpr, SPLITS: tl.constexpr, GELU: tl.constexpr,
                      BLOCK: tl.constexpr):
     """out[m, i] = act(gate[m, i]) * up[m, i], from the gate|up product's splits ([.., M, 2 INTER])."""
@@ -297,7 +334,7 @@ def _gated(gate, up, GELU: tl.constexpr):
     return act * up
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=PASS_INTS, do_not_specialize_on_alignment=META_POINTERS)
 def qkv_finish_kernel(part_ptr, bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, write_ptr,
                       q_ptr, k_pool_ptr, v_pool_ptr, slot_stride, head_stride, M, eps,
                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
@@ -340,34 +377,38 @@ def qkv_finish_kernel(part_ptr, bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_p
             tl.store(out + lo, y1.to(q_ptr.dtype.element_ty))
             tl.store(out + HALF + lo, y2.to(q_ptr.dtype.element_ty))
         else:
-            out = k_pool_ptr + slot * slot_stride + (head - H) * head_stride + at * D
+            out = k_pool_ptr + slot.to(tl.int64) * slot_stride + (head - H) * head_stride + at * D
             tl.store(out + lo, y1.to(k_pool_ptr.dtype.element_ty))
             tl.store(out + HALF + lo, y2.to(k_pool_ptr.dtype.element_ty))
     else:
-        out = v_pool_ptr + slot * slot_stride + (head - H - HKV) * head_stride + at * D
+        out = v_pool_ptr + slot.to(tl.int64) * slot_stride + (head - H - HKV) * head_stride + at * D
         tl.store(out + lo, x1.to(v_pool_ptr.dtype.element_ty))
         tl.store(out + HALF + lo, x2.to(v_pool_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=PASS_INTS, do_not_specialize_on_alignment=META_POINTERS)
 def attention_partial_kernel(q_ptr, k_pool_ptr, v_pool_ptr, slot_ptr, pos_ptr, keys_ptr, prefix_ptr, anc_ptr,
                              anc_stride, m_ptr, l_ptr, acc_ptr, out_ptr, count_ptr, slot_stride, head_stride, M, scale,
-                             WINDOW, H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
+                             WINDOW, SEGMENTS, H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
                              GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr,
-                             SEGMENTS: tl.constexpr, DOT_F32: tl.constexpr, FUSE_MERGE: tl.constexpr):
+                             DOT_F32: tl.constexpr, FUSE_MERGE: tl.constexpr, REVERSED: tl.constexpr = False):
     """One segment of one row's attention for the GROUP query heads of one kv head: keys at logical positions
     [s SPLIT, (s+1) SPLIT) that the row sees, in chunks of CHUNK with an online softmax; writes the segment's
-    running max m, sum l and weighted values acc (float32, [M, HKV, SEGMENTS, GROUP_PAD(, D)]).
+    running max m, sum l and weighted values acc (float32, [M, HKV, SEGMENTS, GROUP_PAD(, D)]; SEGMENTS covers the
+    pass's longest row, not the pool).
 
     Row r sees logical positions 0..keys[r]-1 (and, with a window, none before pos - WINDOW + 1); position p sits
     in cache entry p below prefix[r], else in entry anc[r, p - prefix[r]] (a token tree's ancestors; a chain has
-    prefix = keys). Segments the row does not reach write nothing; the merge skips them.
+    prefix = keys). Segments the row does not reach write nothing; the merge does not visit them.
 
     FUSE_MERGE: the last of a row's and kv head's segment programs to finish (an arrival count each in count_ptr,
-    zero before and after the launch) merges the segments into out, in ascending order whichever program it is."""
+    zero before and after the launch) merges the segments into out, in ascending order whichever program it is.
+    REVERSED (a check's twin): the programs take the segments last to first, so another segment arrives last."""
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
+    if REVERSED:
+        segment = SEGMENTS - 1 - segment
     n_keys = tl.load(keys_ptr + row)
     pos = tl.load(pos_ptr + row)
     lowest = tl.where(WINDOW > 0, pos - WINDOW + 1, 0)
@@ -379,7 +420,7 @@ def attention_partial_kernel(q_ptr, k_pool_ptr, v_pool_ptr, slot_ptr, pos_ptr, k
         dims = tl.arange(0, D)
         q = tl.load(q_ptr + (row * H + kv_head * GROUP + group)[:, None] * D + dims[None, :],
                     mask=(group < GROUP)[:, None], other=0.0)
-        base = slot * slot_stride + kv_head * head_stride
+        base = slot.to(tl.int64) * slot_stride + kv_head * head_stride  # slots x positions x width may pass 2^31
         m_i = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
         l_i = tl.zeros((GROUP_PAD,), dtype=tl.float32)
         acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
@@ -399,7 +440,7 @@ def attention_partial_kernel(q_ptr, k_pool_ptr, v_pool_ptr, slot_ptr, pos_ptr, k
             v = tl.load(v_pool_ptr + base + entry[:, None] * D + dims[None, :], mask=valid[:, None], other=0.0)
             acc = _dot(weights.to(v.dtype), v, acc * alpha[:, None], DOT_F32)
             m_i = m_new
-        at = (row * HKV + kv_head) * SEGMENTS + segment
+        at = (row.to(tl.int64) * HKV + kv_head) * SEGMENTS + segment  # rows x segments x width may pass 2^31
         tl.store(m_ptr + at * GROUP_PAD + group, m_i)
         tl.store(l_ptr + at * GROUP_PAD + group, l_i)
         tl.store(acc_ptr + (at * GROUP_PAD + group)[:, None] * D + dims[None, :], acc)
@@ -407,50 +448,48 @@ def attention_partial_kernel(q_ptr, k_pool_ptr, v_pool_ptr, slot_ptr, pos_ptr, k
         arrivals = count_ptr + row * HKV + kv_head
         tl.debug_barrier()  # every thread's stores before the arrival is counted (released)
         if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == SEGMENTS - 1:
-            _merge_segments(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, row, kv_head, WINDOW, H, HKV, GROUP,
-                            GROUP_PAD, D, SPLIT, SEGMENTS)
+            _merge_segments(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, row, kv_head, WINDOW, SEGMENTS, H, HKV,
+                            GROUP, GROUP_PAD, D, SPLIT)
             tl.atomic_xchg(arrivals, 0)  # zero again for the next launch (and the next replay of a graph)
 
 
 @triton.jit
-def _merge_segments(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, row, kv_head, WINDOW, H: tl.constexpr,
-                    HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
-                    SPLIT: tl.constexpr, SEGMENTS: tl.constexpr):
+def _merge_segments(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, row, kv_head, WINDOW, SEGMENTS,
+                    H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr,
+                    SPLIT: tl.constexpr):
     """A row's segments merged in ascending order (first their maximum, then the rescaled sums) into out [M, H * D].
+    Only the segments the row reaches are visited (from its window's lowest key to its last key): a row's bits,
+    and its time, do not depend on how many segments the pass or the cache could hold.
     Loads through L2 (".cg"): where the merge is fused into the partial kernel, other programs wrote them."""
     n_keys = tl.load(keys_ptr + row)
     pos = tl.load(pos_ptr + row)
     lowest = tl.where(WINDOW > 0, pos - WINDOW + 1, 0)
+    first_used = tl.maximum(lowest, 0) // SPLIT
+    last_used = (n_keys - 1) // SPLIT
     group = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, D)
-    first = (row * HKV + kv_head) * SEGMENTS
+    first = (row.to(tl.int64) * HKV + kv_head) * SEGMENTS
     top = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
-    for segment in range(SEGMENTS):
-        used = (segment * SPLIT < n_keys) & (segment * SPLIT + SPLIT > lowest)
-        top = tl.maximum(top, tl.load(m_ptr + (first + segment) * GROUP_PAD + group, mask=used, other=float("-inf"),
-                                      cache_modifier=".cg"))
+    for segment in range(first_used, last_used + 1):
+        top = tl.maximum(top, tl.load(m_ptr + (first + segment) * GROUP_PAD + group, cache_modifier=".cg"))
     total = tl.zeros((GROUP_PAD,), dtype=tl.float32)
     acc = tl.zeros((GROUP_PAD, D), dtype=tl.float32)
-    for segment in range(SEGMENTS):
-        used = (segment * SPLIT < n_keys) & (segment * SPLIT + SPLIT > lowest)
+    for segment in range(first_used, last_used + 1):
         at = (first + segment) * GROUP_PAD + group
-        m_s = tl.load(m_ptr + at, mask=used, other=float("-inf"), cache_modifier=".cg")
+        m_s = tl.load(m_ptr + at, cache_modifier=".cg")
         weight = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - top))
-        # Unused segments leave the sums as they are (not + 0, which could turn a -0.0 into +0.0): a row's bits
-        # do not depend on how many segments its cache could hold.
-        total = tl.where(used, total + weight * tl.load(l_ptr + at, mask=used, other=0.0, cache_modifier=".cg"), total)
-        acc = tl.where(used, acc + weight[:, None] * tl.load(acc_ptr + at[:, None] * D + dims[None, :], mask=used,
-                                                            other=0.0, cache_modifier=".cg"), acc)
+        total = total + weight * tl.load(l_ptr + at, cache_modifier=".cg")
+        acc = acc + weight[:, None] * tl.load(acc_ptr + at[:, None] * D + dims[None, :], cache_modifier=".cg")
     out = acc / total[:, None]
     heads = kv_head * GROUP + group
     tl.store(out_ptr + (row * H + heads)[:, None] * D + dims[None, :], out.to(out_ptr.dtype.element_ty),
              mask=(group < GROUP)[:, None])
 
 
-@triton.jit(do_not_specialize=["M"])
-def attention_merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, M, WINDOW,
+@triton.jit(do_not_specialize=PASS_INTS, do_not_specialize_on_alignment=META_POINTERS)
+def attention_merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, M, WINDOW, SEGMENTS,
                            H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                           D: tl.constexpr, SPLIT: tl.constexpr, SEGMENTS: tl.constexpr):
+                           D: tl.constexpr, SPLIT: tl.constexpr):
     """_merge_segments of one row and kv head (where the partial kernel does not merge them itself)."""
     _merge_segments(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, tl.program_id(0), tl.program_id(1), WINDOW,
-                    H, HKV, GROUP, GROUP_PAD, D, SPLIT, SEGMENTS)
+                    SEGMENTS, H, HKV, GROUP, GROUP_PAD, D, SPLIT)

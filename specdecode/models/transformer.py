@@ -226,6 +226,8 @@ class Transformer(nn.Module):
         return self.embed if self.lm_head is None else self.lm_head
 
     def set_vocab_subset(self, token_ids: torch.Tensor | None) -> None:
+        if self.exact_pass is not None:  # passes captured with the old head would read it after it is freed
+            self.exact_pass.forget_graphs()
         if token_ids is None:
             self.vocab_subset = self._subset_head = None
             return
@@ -377,20 +379,32 @@ class Transformer(nn.Module):
         return logits[-1:] if seg.logits == "last" else (None if seg.logits == "none" else logits)
 
     def _exact_group(self, segments: list[Segment]) -> list[torch.Tensor | None]:
-        """The segments through the GPU path: one pass for all (per cache pool), logits as `forward` gives them."""
-        out = {}
+        """The segments through the GPU path, logits as `forward` gives them: one pass per cache pool, or as many
+        as keep each within the pass's row cap (ExactPass.plan: a long chain is cut into pieces)."""
+        pieces: dict[int, list] = {index: [] for index in range(len(segments))}
         for pool in dict.fromkeys(seg.cache.pool for seg in segments):
-            group = [seg for seg in segments if seg.cache.pool is pool]
-            scores = self.exact_pass.run(group)
-            # finished once for the whole pass (elementwise: each row's bits are its own); each segment a view
-            logits = self._finish_logits(scores) if any(seg.logits != "none" for seg in group) else None
-            end = 0
-            for seg in group:
-                seg.cache.length += seg.rows
-                end += seg.rows
-                rows = {"all": slice(end - seg.rows, end), "last": slice(end - 1, end)}.get(seg.logits)
-                out[id(seg)] = None if rows is None else logits[rows]
-        return [out[id(seg)] for seg in segments]
+            group = [index for index, seg in enumerate(segments) if seg.cache.pool is pool]
+            for passed in self.exact_pass.plan([segments[index] for index in group]):
+                for (index, piece), logits in zip(passed, self._exact_pass_logits([piece for _, piece in passed])):
+                    pieces[group[index]].append(logits)
+        out = []
+        for index, seg in enumerate(segments):
+            got = [logits for logits in pieces[index] if logits is not None]
+            out.append(None if seg.logits == "none" else got[0] if len(got) == 1 else torch.cat(got))
+        return out
+
+    def _exact_pass_logits(self, segments: list[Segment]) -> list[torch.Tensor | None]:
+        """One pass of ExactPass over the segments; each one's logits (a view of the pass's, finished once for the
+        whole pass: elementwise, so each row's bits are its own), or None."""
+        scores = self.exact_pass.run(segments)
+        logits = None if scores is None else self._finish_logits(scores)
+        out, first = [], 0
+        for seg in segments:
+            seg.cache.length += seg.rows
+            count = {"all": seg.rows, "last": min(seg.rows, 1)}.get(seg.logits, 0)
+            out.append(logits[first : first + count] if count else None)
+            first += count
+        return out
 
     def _forward_group(self, segments: list[Segment]) -> list[torch.Tensor | None]:
         if len(segments) == 1 and segments[0].rows > self.batch_rows:

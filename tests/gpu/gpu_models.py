@@ -9,7 +9,10 @@ from specdecode import gpu
 from specdecode.gpu.exact_pass import ExactPass, Tiles
 from testlib import TINY_CONFIGS, make_tiny_model, perturbed_copy
 
-TEST_TILES = Tiles(block_n=128, block_k=32, max_split=32, attn_split=16, attn_chunk=8, elementwise=64)
+# The split sums and the activation in the products' tiles are on here (off in production until a device run shows
+# them bitwise): every test runs them, and tests/gpu/test_triton_rows.py compares them with the production kernels.
+TEST_TILES = Tiles(block_n=128, block_k=32, max_split=32, attn_split=16, attn_chunk=8, elementwise=64,
+                   fused_sums=True, fused_act=True)
 # The caches' length: 4 attention segments of 16 keys
 CONTEXT = 64
 
