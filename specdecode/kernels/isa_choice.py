@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from . import native
+from .block_types import Q4_K_UNPACKED, Q4_K_X16
 
 CHOICE_FILE = "isa_choice.json"
 CANDIDATES = ("amx", "avx512-vnni")
@@ -79,8 +80,6 @@ def _read(path: Path) -> dict | None:
 
 def time_paths(repeats: int = REPEATS) -> dict[str, float]:
     """Median seconds of the measured work on each candidate path, the paths taking turns within each repeat."""
-    from .weights import Q4_K_X16
-
     kernel = native.load_kernel()
     gen = torch.Generator().manual_seed(0)
     weights = [synthetic_q4k_x16(kernel, gen) for _ in range(MATRICES)]
@@ -99,8 +98,6 @@ def time_paths(repeats: int = REPEATS) -> dict[str, float]:
 def synthetic_q4k_x16(kernel, gen: torch.Generator) -> torch.Tensor:
     """A ROWS x COLUMNS matrix of random Q4_K blocks (scales of 2^-7, so every product stays finite) in the kernel's
     interleaved layout."""
-    from .weights import Q4_K_UNPACKED
-
     blocks = torch.randint(0, 256, (ROWS, COLUMNS // 256, 144), dtype=torch.uint8, generator=gen)
     blocks[:, :, 0:4] = torch.tensor([0x00, 0x20, 0x00, 0x20], dtype=torch.uint8)  # d and dmin: float16 2^-7
     unpacked = kernel.repack_q4k(blocks.reshape(ROWS, -1))

@@ -7,6 +7,21 @@ from ..errors import ModelError
 from . import native, options
 from .options import QUANT_ISAS
 from .native import load_kernel
+from .block_types import (  # noqa: F401  (the block types, read from here by the package and the tests)
+    _DEINTERLEAVED,
+    _INTERNAL_BLOCKS,
+    INTERLEAVED,
+    Q4_K,
+    Q4_K_UNPACKED,
+    Q4_K_X16,
+    Q5_0,
+    Q5_0_X16,
+    Q6_K,
+    Q6_K_X16,
+    Q8_0,
+    QUANT_KERNEL_TYPES,
+)
+from .isa_choice import auto_isa
 
 # Rows one kernel call takes: a decode step or a verify block (prompt lookup's largest is 16 tokens).
 SKINNY_MAX_ROWS = 16
@@ -15,24 +30,6 @@ SKINNY_MAX_ROWS = 16
 # anything; a test checks it against the kernel's own list (gguf_block_types).
 GGUF_KERNEL_TYPES = frozenset({3, 8, 12, 14})
 
-
-# ggml block types the int8 kernel (quant_dot.cpp) reads: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
-# Q6_K, IQ4_NL, IQ4_XS. A test checks this against the kernel's own list (quant_block_types).
-QUANT_KERNEL_TYPES = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23})
-Q8_0, Q4_K = 8, 12
-# Not a ggml type: Q4_K with its packed 6-bit scales and mins unpacked to bytes at load (148 bytes a
-# block instead of 144), which the kernel multiplies with fewer instructions and the same bits.
-Q4_K_UNPACKED = 112
-# Not ggml types either: Q4_K_UNPACKED and Q6_K with each group of 16 rows interleaved, so one instruction
-# multiplies 16 rows at once and a verify block's tokens share every unpacked weight vector (same bits again).
-Q4_K_X16, Q6_K_X16 = 113, 114
-# And Q5_0 (the 0.5B draft's matrices) in groups of 16 rows, whose one-row tiles could not keep up with memory.
-Q5_0_X16 = 115
-Q5_0, Q6_K = 6, 14
-_INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148), Q6_K_X16: (256, 210), Q5_0_X16: (32, 22)}  # per (row) block
-# Each type that has an interleaved layout, and that layout's type.
-INTERLEAVED = {Q4_K_UNPACKED: Q4_K_X16, Q6_K: Q6_K_X16, Q5_0: Q5_0_X16}
-_DEINTERLEAVED = {x16: source for source, x16 in INTERLEAVED.items()}
 # The int8 kernel's instruction set (options.OPTIONS.isa): "auto" takes AMX (Q4_K tiles of 16 and 32 tokens on the
 # tile units, the rest as VNNI) or AVX-512 VNNI, whichever measured faster on this machine (isa_choice.py), where
 # the CPU and Linux allow AMX, else AVX-512 VNNI where present, else AVX2. All give the same bits;
@@ -42,11 +39,7 @@ _DEINTERLEAVED = {x16: source for source, x16 in INTERLEAVED.items()}
 def quant_isa() -> str:
     """The path products run: SPECDECODE_ISA, or for auto the one measured fastest here (isa_choice)."""
     isa = options.OPTIONS.isa
-    if isa != "auto":
-        return isa
-    from .isa_choice import auto_isa
-
-    return auto_isa()
+    return isa if isa != "auto" else auto_isa()
 
 
 def quant_isa_paths() -> list[str]:
