@@ -359,6 +359,9 @@ class Scheduler:
                 self.batch.abandon()
             for job, message in messages:
                 self._deliver(job, message)
+            # While the worker waits for work, its locals must not keep the finished jobs (their compiled grammars:
+            # megabytes each for a large schema).
+            admitted = messages = job = message = None
 
     def _admissions(self) -> list[Job]:
         """Jobs that join the batch at the next pass: as many as it has free slots for, fairly across clients."""

@@ -121,7 +121,8 @@ def test_a_job_queued_without_its_compiled_grammar_fails_rather_than_compiling_o
 
 
 def test_no_compiled_grammar_outlives_its_request(engine, monkeypatch):
-    """After N schema requests have ended nothing holds their compiled grammars: each died with its request."""
+    """After N schema requests have ended nothing holds their compiled grammars: each died with its request (the
+    worker's locals held the last pass's jobs while it waited for more)."""
     from specdecode.server import scheduler as scheduler_module
     from specdecode.server.local import LocalBackend
 
@@ -140,13 +141,16 @@ def test_no_compiled_grammar_outlives_its_request(engine, monkeypatch):
         worker = asyncio.create_task(scheduler.run())
         tickets = [await backend.submit(schema_request(300, tag), f"client-{tag}") for tag in range(6)]
         outcomes = [await finish(ticket.next) for ticket in tickets]
+        del tickets
+        await asyncio.sleep(0.1)  # the worker, idle, waits for the next request
+        gc.collect()
+        alive = [ref for ref in compiled if ref() is not None]
         worker.cancel()
         scheduler.close()
-        return [kind for kind, _ in outcomes]
+        return [kind for kind, _ in outcomes], alive
 
-    assert asyncio.run(scenario()) == ["step"] * 6
-    gc.collect()
-    assert len(compiled) == 6 and not [ref for ref in compiled if ref() is not None]
+    kinds, alive = asyncio.run(scenario())
+    assert kinds == ["step"] * 6 and len(compiled) == 6 and not alive
 
 
 @pytest.mark.parametrize("route", ["chat", "completions"])
