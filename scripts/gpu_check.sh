@@ -4,6 +4,10 @@
 # Needs a CUDA device with torch, triton and transformers installed; installs nothing and downloads nothing.
 # Writes report.md, results.json and log.txt to $OUT (default gpu-check-out/). Extra arguments go to the script
 # (--parts exact,speed,cost,7b picks parts; --tiny tries the script itself on tiny shapes without a GPU).
+# Exactness runs first whatever the parts: rows and batches of the 1.5B shape (with the fused split sums, the fused
+# activation and a twin whose splits arrive in reverse, none yet measured on a device), every GGUF block type's
+# products, transformers, the loader, the drafters, then the 7B shape's rows. The first minutes of a lent GPU:
+#   scripts/gpu_check.sh --parts exact,exact7b,blocks
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-check-out}
