@@ -23,8 +23,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import InputError
 from .choices import ChoicesStreamingResponse, check_choices, joined_body, run_choices, stream_end
 from .exposure import ApiKeys, ExposureGuard
-from .http_parts import (ClientGone, DisconnectWatch, JobStreamingResponse, RequestCounter, peer_address, queue_lane,
-                         read_json_body, request_namespace)
+from .http_parts import (BODY_TIMEOUT_S, ClientGone, DisconnectWatch, JobStreamingResponse, RequestCounter, peer_address,
+                         queue_lane, read_json_body, request_namespace)
 from .local import LocalBackend
 from .metrics import ServerMetrics
 from .protocol import ApiError, GenerationRequest, parse_chat, parse_completion
@@ -188,6 +188,12 @@ def add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         return error_response(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code,
                                        headers=dict(exc.headers or {})))
 
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, exc: ClientGone):
+        # The client hung up before its request was whole (r7: counted as a 500, with two tracebacks in the log):
+        # nobody reads this answer; the metrics count a 499 and the access log says so in one line.
+        return Response(status_code=499)
+
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception):
         log.exception("unhandled error")
@@ -253,6 +259,7 @@ def create_http_app(backend, model_name: str, metrics: ServerMetrics, *, api_key
     app = FastAPI(title="specdecode", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.backend = backend
     app.state.metrics = metrics
+    app.state.body_timeout = BODY_TIMEOUT_S  # read_json_body's deadline on a whole request body
     app.add_middleware(ExposureGuard, allowed_hosts=allowed_hosts, cors_origins=list(cors_origins), api_key=api_key,
                        metrics_key=metrics_key)
     app.add_middleware(RequestCounter, metrics=metrics)

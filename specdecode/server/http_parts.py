@@ -11,11 +11,22 @@ import uuid
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from .metrics import ServerMetrics
 from .protocol import ApiError, parse_json_body
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
+# How long a client may take to send a request: its headers (from the connection's start, or from the end of its
+# last answer), then its whole body (4 MB at ~1 Mbit/s). A half-sent request was held forever, and with it a socket:
+# enough of them and accept() fails for everyone (review turn 5, finding 6). A proxy in front may set its own.
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 30.0
+# At most this many connections (open, or answering) are served at once; past it uvicorn answers 503. The queue holds
+# --queue-size requests and the batch --max-batch, so this leaves ample room for waiting and idle keep-alive clients.
+LIMIT_CONCURRENCY = 512
+TIMEOUT_KEEP_ALIVE_S = 5  # uvicorn's default, said here: an idle connection between requests is closed after it
+MAX_HEADER_BYTES = 64 * 1024  # h11 bounds a request's headers (16 KB); httptools, uvicorn's choice where installed, not
 API_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics", "/")
 
 
@@ -44,22 +55,93 @@ def peer_address(request: Request) -> str:
 
 async def read_json_body(request: Request) -> dict:
     """The body as a JSON object: application/json only (a browser sends text/plain across origins without asking
-    first, so this is part of the defence), at most MAX_BODY_BYTES, counted as it arrives (chunked uploads)."""
+    first, so this is part of the defence), at most MAX_BODY_BYTES, counted as it arrives (chunked uploads), whole
+    within the app's body timeout (408, and the connection closed), ClientGone if the client hangs up meanwhile."""
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type != "application/json":
         raise ApiError(415, f"send the request body as application/json (got '{media_type or 'no content type'}')",
                        code="unsupported_media_type")
-    too_large = ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise too_large
+        raise _too_large()
+    timeout = getattr(request.app.state, "body_timeout", BODY_TIMEOUT_S)
+    try:
+        raw = await asyncio.wait_for(_read_body(request), timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout",
+                       headers={"Connection": "close"}) from None
+    except ClientDisconnect:
+        raise ClientGone("the client hung up while sending its request body") from None
+    return parse_json_body(raw)
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+
+
+async def _read_body(request: Request) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            raise too_large
+            raise _too_large()
         chunks.append(chunk)
-    return parse_json_body(b"".join(chunks))
+    return b"".join(chunks)
+
+
+def connection_options(header_timeout: float = HEADER_TIMEOUT_S) -> dict:
+    """uvicorn.Config's settings that bound what connections may hold (serve_options.uvicorn_config takes them)."""
+    return {"http": header_deadline_protocol(header_timeout), "limit_concurrency": LIMIT_CONCURRENCY,
+            "timeout_keep_alive": TIMEOUT_KEEP_ALIVE_S}
+
+
+def header_deadline_protocol(timeout: float) -> type:
+    """uvicorn's HTTP protocol (its "auto": httptools where installed, else h11) with a deadline and a size bound on
+    each request's headers. uvicorn has neither for httptools: its keep-alive timeout runs only between requests and
+    stops at the next request's first byte, so headers that never end held a connection forever (r6)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class HeaderDeadline(AutoHTTPProtocol):
+        _deadline = None  # the timer while the connection waits for a request's headers
+        _waiting_after = None  # the request cycle it waits after (None: the connection's first)
+        _header_bytes = 0
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._await_headers()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._await_headers()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._waiting():  # what this data brought did not complete the headers
+                self._header_bytes += len(data)
+                if self._header_bytes > MAX_HEADER_BYTES:
+                    self.transport.close()
+
+        def connection_lost(self, exc) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            super().connection_lost(exc)
+
+        def _await_headers(self) -> None:
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a pipelined request is already running: its answer's end arms the next wait
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._waiting_after, self._header_bytes = self.cycle, 0
+            self._deadline = self.loop.call_later(timeout, self._headers_late)
+
+        def _waiting(self) -> bool:
+            return self.cycle is self._waiting_after and not self.transport.is_closing()
+
+        def _headers_late(self) -> None:
+            if self._waiting():
+                self.transport.close()  # nothing was read, no app runs: a plain close, as nginx does
+
+    return HeaderDeadline
 
 
 class ClientGone(Exception):

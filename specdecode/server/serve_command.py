@@ -9,6 +9,7 @@ import time
 from ..build import build_engine, freeze_loaded_objects
 from ..errors import require_extra
 from .app import create_app
+from .http_parts import connection_options
 from .scheduler import Scheduler
 from .serve_options import api_keys_from_args, check_serve_args, exposure_options, served_model_name, uvicorn_config
 
@@ -43,6 +44,13 @@ def draining_server(scheduler: Scheduler, grace: float, config):
     return DrainingServer(config)
 
 
+def server_config(app, args):
+    """uvicorn's settings for `specdecode serve`: the address, and bounds on what connections may hold (a deadline on
+    each request's headers and body, a connection limit: http_parts.connection_options)."""
+    return uvicorn_config(app, host=args.host, port=args.port, forwarded_allow_ips=getattr(args, "forwarded_allow_ips", None),
+                          log_level="info", timeout_graceful_shutdown=15, **connection_options())
+
+
 def run_server(args) -> int:
     if check_serve_args(args):
         require_extra("cluster", "ray")
@@ -56,8 +64,7 @@ def run_server(args) -> int:
     app = create_app(engine, drafter, model_name, api_key=api_keys, queue_size=args.queue_size, warmup=True,
                      allowed_hosts=allowed_hosts, cors_origins=args.cors_origin or [], max_batch=args.max_batch,
                      metrics_key=getattr(args, "metrics_key", None), expose_timings=getattr(args, "expose_timings", False))
-    config = uvicorn_config(app, host=args.host, port=args.port, forwarded_allow_ips=getattr(args, "forwarded_allow_ips", None),
-                            log_level="info", timeout_graceful_shutdown=15)
+    config = server_config(app, args)
     server = draining_server(app.state.scheduler, max(0.0, float(args.shutdown_grace)), config)
     freeze_loaded_objects()
     # uvicorn re-raises the caught signal after its graceful shutdown; for SIGTERM that would end the

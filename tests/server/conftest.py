@@ -36,18 +36,20 @@ class LiveServer:
         self.thread.join(timeout=30)
 
 
-def start_server(app, engine, forwarded_allow_ips: str | None = None) -> LiveServer:
+def start_server(app, engine, forwarded_allow_ips: str | None = None, header_timeout: float | None = None) -> LiveServer:
     """Run `app` with uvicorn in a background thread on a free loopback port, with the settings `specdecode serve`
-    gives uvicorn; returns once it accepts."""
+    gives uvicorn (header_timeout: a shorter deadline on a request's headers); returns once it accepts."""
     import uvicorn
 
+    from specdecode.server.http_parts import HEADER_TIMEOUT_S, connection_options
     from specdecode.server.serve_options import uvicorn_config
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn_config(app, forwarded_allow_ips=forwarded_allow_ips, log_level="warning", timeout_graceful_shutdown=10)
+    config = uvicorn_config(app, forwarded_allow_ips=forwarded_allow_ips, log_level="warning", timeout_graceful_shutdown=10,
+                            **connection_options(header_timeout or HEADER_TIMEOUT_S))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"uvicorn-{port}")
     thread.start()
