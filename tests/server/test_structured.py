@@ -193,7 +193,7 @@ def test_streamed_logprobs_match_the_whole_answer(qwen):
 @pytest.mark.parametrize("body, param, code", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
      "response_format", "invalid_value"),  # compiled while the request is tokenized, which names the field
-    ({"logit_bias": {"99999999": 1}}, None, "invalid_request"),
+    ({"logit_bias": {"99999999": 1}}, "logit_bias", "invalid_value"),  # checked against the vocabulary while tokenized
     ({"top_logprobs": 2}, "top_logprobs", "invalid_value"),
     ({"guided_json": {"type": "object"}}, "guided_json", "unknown_parameter"),
     ({"prediction": {"type": "content", "content": "x"}}, "prediction", "unsupported_parameter"),
