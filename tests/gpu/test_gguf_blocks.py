@@ -17,6 +17,9 @@ from gpu_models import TEST_TILES, on_gpu_path
 from testlib import kquant_model, tokens_for
 from testlib import random_gguf_blocks as random_blocks
 
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+
 KINDS = sorted(gguf_blocks.BLOCKS)
 MATRICES = ("qkv", "out_proj", "gate_up", "down", "lm_head")
 # Four splits of the tiny model's 256-wide products (fewer programs for the interpreter than TEST_TILES' eight)
@@ -79,6 +82,28 @@ def test_the_product_check_catches_truncated_weights(runner):
         got, expected = products(runner, gguf_blocks.Q4_K, 3)
     finally:
         runner.round_by_bits = True
+    assert not torch.equal(got, expected)
+
+
+@triton.jit
+def unrounded(w, BY_BITS: tl.constexpr):
+    """A twin of triton_kernels._to_bfloat16 that leaves the weights in float32."""
+    return w
+
+
+@pytest.mark.skipif(not interpreting(), reason="the twin swaps a function of the kernel, which the interpreter runs")
+def test_the_product_check_catches_weights_multiplied_in_float32(runner, monkeypatch):
+    """Under the interpreter both products multiply in float32, so the check can only see the weights: a kernel
+    that multiplied ggml's float32 weights without rounding them to bfloat16 (a product in another precision) must
+    differ. The data has weights whose float32 and bfloat16 values differ, so it can."""
+    from specdecode.gpu import triton_kernels
+
+    raw = random_blocks(gguf_blocks.Q4_K, 128, 512)
+    weights = torch.from_numpy(ggml_weights(gguf_blocks.Q4_K, raw))
+    assert not torch.equal(weights, weights.to(torch.bfloat16).float())
+
+    monkeypatch.setattr(triton_kernels, "_to_bfloat16", unrounded)
+    got, expected = products(runner, gguf_blocks.Q4_K, 3)
     assert not torch.equal(got, expected)
 
 
