@@ -115,64 +115,99 @@ def _block_weights(q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, cols, k0, N, 
     if KIND == 8:  # Q8_0: d * q, d per 32
         q = tl.load(q_ptr + row * K + k0 + tl.arange(0, BLOCK_K)[None, :], mask=valid, other=0).to(tl.float32)
         w = q * _spread(_per_group(d_ptr, row, k0, K, valid, 32, BLOCK_K), BLOCK_N, BLOCK_K // 32, 32)
-    elif KIND == 10 or KIND == 11:  # Q2_K: (d sc) q - (dmin m); Q3_K: (d sc) (q - 4); sc, m per 16, d per 256
-        quads = tl.load(q_ptr + row * (K // 4) + k0 // 4 + tl.arange(0, BLOCK_K // 4)[None, :], mask=valid, other=0)
-        q = _twos(quads, BLOCK_N, BLOCK_K)
+    elif KIND == 10 or KIND == 11:
+        w = _two_bit_weights(q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, row, k0, K, valid, KIND, BLOCK_N,
+                             BLOCK_K)
+    else:
+        q = _four_bit_quants(q_ptr, hi_ptr, row, k0, K, valid, KIND, BLOCK_N, BLOCK_K)
+        if KIND == 2 or KIND == 3 or KIND == 6 or KIND == 7 or KIND == 20:
+            w = _per_32_weights(q, d_ptr, dmin_ptr, row, k0, K, valid, KIND, BLOCK_N, BLOCK_K)
+        else:
+            w = _per_256_weights(q, sc_ptr, mn_ptr, d_ptr, dmin_ptr, row, k0, K, valid, KIND, BLOCK_N, BLOCK_K)
+    return tl.where(valid, w, 0.0)
+
+
+@triton.jit
+def _two_bit_weights(q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, row, k0, K, valid, KIND: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Q2_K: (d sc) q - (dmin m); Q3_K: (d sc) (q - 4), a third bit from hi; sc, m per 16, d per 256."""
+    quads = tl.load(q_ptr + row * (K // 4) + k0 // 4 + tl.arange(0, BLOCK_K // 4)[None, :], mask=valid, other=0)
+    q = _twos(quads, BLOCK_N, BLOCK_K)
+    subs = k0 // 16 + tl.arange(0, BLOCK_K // 16)[None, :]
+    sc = tl.load(sc_ptr + row * (K // 16) + subs, mask=valid, other=0).to(tl.float32)
+    d = tl.load(d_ptr + row * (K // 256) + subs // 16, mask=valid, other=0).to(tl.float32)
+    if KIND == 10:
+        mn = tl.load(mn_ptr + row * (K // 16) + subs, mask=valid, other=0).to(tl.float32)
+        dmin = tl.load(dmin_ptr + row * (K // 256) + subs // 16, mask=valid, other=0).to(tl.float32)
+        w = q.to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 16, 16) - _spread(dmin * mn, BLOCK_N,
+                                                                                   BLOCK_K // 16, 16)
+    else:
+        octets = tl.load(hi_ptr + row * (K // 8) + k0 // 8 + tl.arange(0, BLOCK_K // 8)[None, :], mask=valid,
+                         other=0)
+        q = q | (_top_bits(octets, BLOCK_N, BLOCK_K) << 2)
+        w = (q.to(tl.int32) - 4).to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 16, 16)
+    return w
+
+
+@triton.jit
+def _four_bit_quants(q_ptr, hi_ptr, row, k0, K, valid, KIND: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """The quants of the types stored as nibbles (IQ4's table indices included), with the fifth bit of Q5_0, Q5_1
+    and Q5_K and the two top bits of Q6_K: uint8 [BLOCK_N, BLOCK_K]."""
+    packed = tl.load(q_ptr + row * (K // 2) + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=valid, other=0)
+    q = _nibbles(packed, BLOCK_N, BLOCK_K)
+    if KIND == 6 or KIND == 7 or KIND == 13:  # Q5_0, Q5_1, Q5_K: a fifth bit
+        octets = tl.load(hi_ptr + row * (K // 8) + k0 // 8 + tl.arange(0, BLOCK_K // 8)[None, :], mask=valid,
+                         other=0)
+        q = q | (_top_bits(octets, BLOCK_N, BLOCK_K) << 4)
+    if KIND == 14:  # Q6_K: two more bits
+        quads = tl.load(hi_ptr + row * (K // 4) + k0 // 4 + tl.arange(0, BLOCK_K // 4)[None, :], mask=valid,
+                        other=0)
+        q = q | (_twos(quads, BLOCK_N, BLOCK_K) << 4)
+    return q
+
+
+@triton.jit
+def _per_32_weights(q, d_ptr, dmin_ptr, row, k0, K, valid, KIND: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """The types with a scale per 32: Q4_0: d (q - 8); Q4_1, Q5_1: d q + m; Q5_0: d (q - 16); IQ4_NL: d table[q]."""
+    d = _spread(_per_group(d_ptr, row, k0, K, valid, 32, BLOCK_K), BLOCK_N, BLOCK_K // 32, 32)
+    if KIND == 2:
+        w = (q.to(tl.int32) - 8).to(tl.float32) * d
+    elif KIND == 3 or KIND == 7:
+        w = q.to(tl.float32) * d + _spread(_per_group(dmin_ptr, row, k0, K, valid, 32, BLOCK_K), BLOCK_N,
+                                           BLOCK_K // 32, 32)
+    elif KIND == 6:
+        w = (q.to(tl.int32) - 16).to(tl.float32) * d
+    else:
+        w = _iq4_values(q).to(tl.float32) * d
+    return w
+
+
+@triton.jit
+def _per_256_weights(q, sc_ptr, mn_ptr, d_ptr, dmin_ptr, row, k0, K, valid, KIND: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The k-quants with nibbles and a scale per 256: IQ4_XS: (d sc) table[q], sc per 32; Q6_K: (d sc) (q - 32),
+    sc per 16; Q4_K, Q5_K: (d sc) q - (dmin m), sc and m per 32."""
+    if KIND == 23:
+        subs = k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :]
+        sc = tl.load(sc_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
+        d = tl.load(d_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
+        w = _iq4_values(q).to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 32, 32)
+    elif KIND == 14:
         subs = k0 // 16 + tl.arange(0, BLOCK_K // 16)[None, :]
         sc = tl.load(sc_ptr + row * (K // 16) + subs, mask=valid, other=0).to(tl.float32)
         d = tl.load(d_ptr + row * (K // 256) + subs // 16, mask=valid, other=0).to(tl.float32)
-        if KIND == 10:
-            mn = tl.load(mn_ptr + row * (K // 16) + subs, mask=valid, other=0).to(tl.float32)
-            dmin = tl.load(dmin_ptr + row * (K // 256) + subs // 16, mask=valid, other=0).to(tl.float32)
-            w = q.to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 16, 16) - _spread(dmin * mn, BLOCK_N,
-                                                                                       BLOCK_K // 16, 16)
-        else:
-            octets = tl.load(hi_ptr + row * (K // 8) + k0 // 8 + tl.arange(0, BLOCK_K // 8)[None, :], mask=valid,
-                             other=0)
-            q = q | (_top_bits(octets, BLOCK_N, BLOCK_K) << 2)
-            w = (q.to(tl.int32) - 4).to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 16, 16)
+        w = (q.to(tl.int32) - 32).to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 16, 16)
     else:
-        packed = tl.load(q_ptr + row * (K // 2) + k0 // 2 + tl.arange(0, BLOCK_K // 2)[None, :], mask=valid, other=0)
-        q = _nibbles(packed, BLOCK_N, BLOCK_K)  # the low 4 bits of every type below (IQ4's table index)
-        if KIND == 6 or KIND == 7 or KIND == 13:  # Q5_0, Q5_1, Q5_K: a fifth bit
-            octets = tl.load(hi_ptr + row * (K // 8) + k0 // 8 + tl.arange(0, BLOCK_K // 8)[None, :], mask=valid,
-                             other=0)
-            q = q | (_top_bits(octets, BLOCK_N, BLOCK_K) << 4)
-        if KIND == 14:  # Q6_K: two more bits
-            quads = tl.load(hi_ptr + row * (K // 4) + k0 // 4 + tl.arange(0, BLOCK_K // 4)[None, :], mask=valid,
-                            other=0)
-            q = q | (_twos(quads, BLOCK_N, BLOCK_K) << 4)
-        if KIND == 2 or KIND == 3 or KIND == 6 or KIND == 7 or KIND == 20:  # per 32: Q4_0: d (q - 8); Q4_1, Q5_1:
-            # d q + m; Q5_0: d (q - 16); IQ4_NL: d table[q]
-            d = _spread(_per_group(d_ptr, row, k0, K, valid, 32, BLOCK_K), BLOCK_N, BLOCK_K // 32, 32)
-            if KIND == 2:
-                w = (q.to(tl.int32) - 8).to(tl.float32) * d
-            elif KIND == 3 or KIND == 7:
-                w = q.to(tl.float32) * d + _spread(_per_group(dmin_ptr, row, k0, K, valid, 32, BLOCK_K), BLOCK_N,
-                                                   BLOCK_K // 32, 32)
-            elif KIND == 6:
-                w = (q.to(tl.int32) - 16).to(tl.float32) * d
-            else:
-                w = _iq4_values(q).to(tl.float32) * d
-        elif KIND == 23:  # IQ4_XS: (d sc) table[q], sc per 32, d per 256
-            subs = k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :]
-            sc = tl.load(sc_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
-            d = tl.load(d_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
-            w = _iq4_values(q).to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 32, 32)
-        elif KIND == 14:  # Q6_K: (d sc) (q - 32), sc per 16, d per 256
-            subs = k0 // 16 + tl.arange(0, BLOCK_K // 16)[None, :]
-            sc = tl.load(sc_ptr + row * (K // 16) + subs, mask=valid, other=0).to(tl.float32)
-            d = tl.load(d_ptr + row * (K // 256) + subs // 16, mask=valid, other=0).to(tl.float32)
-            w = (q.to(tl.int32) - 32).to(tl.float32) * _spread(d * sc, BLOCK_N, BLOCK_K // 16, 16)
-        else:  # Q4_K, Q5_K: (d sc) q - (dmin m), sc and m per 32, d and dmin per 256
-            subs = k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :]
-            sc = tl.load(sc_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
-            mn = tl.load(mn_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
-            d = tl.load(d_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
-            dmin = tl.load(dmin_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
-            scale = _spread(d * sc, BLOCK_N, BLOCK_K // 32, 32)
-            w = q.to(tl.float32) * scale - _spread(dmin * mn, BLOCK_N, BLOCK_K // 32, 32)
-    return tl.where(valid, w, 0.0)
+        subs = k0 // 32 + tl.arange(0, BLOCK_K // 32)[None, :]
+        sc = tl.load(sc_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
+        mn = tl.load(mn_ptr + row * (K // 32) + subs, mask=valid, other=0).to(tl.float32)
+        d = tl.load(d_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
+        dmin = tl.load(dmin_ptr + row * (K // 256) + subs // 8, mask=valid, other=0).to(tl.float32)
+        scale = _spread(d * sc, BLOCK_N, BLOCK_K // 32, 32)
+        w = q.to(tl.float32) * scale - _spread(dmin * mn, BLOCK_N, BLOCK_K // 32, 32)
+    return w
 
 
 @triton.jit
