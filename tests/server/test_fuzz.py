@@ -102,3 +102,123 @@ def test_no_body_gets_a_500(http, route):
     good = http.post("/v1/completions", json={**BASES["completions"], "temperature": 0})
     assert good.status_code == 200
 
+
+
+# ---------------------------------------------------------------------- what review turn 5 found (issue 65)
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+BARE_CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+blank_runs = st.builds(lambda char, size: char * size, st.sampled_from([" ", "\n", "\t", " \n"]),
+                       st.sampled_from([0, 1, 7, 600, 3000]))
+answer_pieces = st.one_of(blank_runs, st.sampled_from(["```json", "```", "json", "{", "}", '"name"', "z", "<tool_call>",
+                                                       "</tool_call>", "<tool_", BARE_CALL, "text"]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(pieces=st.lists(answer_pieces, max_size=12), step=st.integers(1, 40))
+def test_tool_answers_with_long_blank_runs_parse_fast_and_stream_as_they_parse(pieces, step):
+    """Model answers a client can steer (fences, tags, long whitespace runs): parsed whole in linear time (the
+    bare-call regex took seconds to minutes on a few thousand blanks), and streamed in any steps to the same result."""
+    import time
+
+    from specdecode.server.tools import ToolCallStream, parse_tool_calls
+
+    text = "".join(pieces)
+    start = time.perf_counter()
+    content, calls = parse_tool_calls(text, [WEATHER])
+    assert time.perf_counter() - start < 0.05, (len(text), text[:80])
+    stream, deltas = ToolCallStream(True, [WEATHER]), []
+    for offset in range(0, len(text), step):
+        deltas += stream.feed(text[offset:offset + step])
+    deltas += stream.finish()
+    assert "".join(delta.get("content", "") for delta in deltas) == (content or "")
+    assert [call["function"] for call in stream.completed] == [call["function"] for call in calls]
+
+
+metadata_keys = st.builds(lambda char, size: char * size, st.sampled_from(["k", "é"]), st.sampled_from([1, 63, 64, 65, 300]))
+metadata_values = st.one_of(st.builds(lambda size: "v" * size, st.sampled_from([0, 511, 512, 513, 10_000])),
+                            st.integers(), st.none(), st.lists(st.text(max_size=3), max_size=2))
+metadata = st.dictionaries(metadata_keys, metadata_values, max_size=18)
+
+
+def metadata_is_valid(value: dict) -> bool:
+    return len(value) <= 16 and all(len(key) <= 64 and isinstance(item, str) and len(item) <= 512
+                                    for key, item in value.items())
+
+
+@pytest.mark.parametrize("route", list(BASES))
+def test_metadata_of_any_size_is_a_200_within_openais_bounds_and_a_400_naming_it_past_them(http, route):
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(value=metadata)
+    def check(value):
+        response = http.post(f"/v1/{route}", json={**BASES[route], "metadata": value})
+        if metadata_is_valid(value):
+            assert response.status_code == 200, response.text[:300]
+            assert route != "responses" or response.json()["metadata"] == value
+        else:
+            assert response.status_code == 400 and response.json()["error"]["param"] == "metadata", response.text[:300]
+
+    check()
+
+
+@pytest.fixture(scope="module")
+def live_tiny(models):
+    """The fuzz's tiny model behind a real uvicorn (real sockets), with 0.5 s deadlines on headers and bodies."""
+    from specdecode.engine import Engine
+    from specdecode.server.app import create_app
+    from testlib import as_loaded, make_tiny_model
+
+    from .conftest import start_server
+
+    model = make_tiny_model(seed=0, vocab_size=models[0].vocab_size, context_length=128)
+    engine = Engine(as_loaded(model, models[0].tokenizer), None, max_context=128)
+    app = create_app(engine, "lookup", MODEL)
+    app.state.body_timeout = 0.5
+    server = start_server(app, engine, header_timeout=0.5)
+    yield server
+    server.stop()
+
+
+def upload(server, raw: bytes, cut: int, mode: str) -> bytes | None:
+    """Sends a request whose body is `raw`: whole in pieces ("slow"), stopped at `cut` and left ("stall"), or stopped
+    at `cut` and hung up ("hang up"). What the server answered (None after a hang-up)."""
+    import socket
+    import time
+
+    host, port = server.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(raw))
+        if mode == "slow":
+            for offset in range(0, len(raw), max(1, len(raw) // 3)):
+                sock.sendall(raw[offset:offset + max(1, len(raw) // 3)])
+                time.sleep(0.05)
+        else:
+            sock.sendall(raw[:cut])
+        if mode == "hang up":
+            return None
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+        return answer
+
+
+def test_slow_stalled_and_cut_uploads_are_answered_or_closed_never_a_500(live_tiny):
+    import httpx
+
+    @settings(max_examples=24, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(change=plausible, fraction=st.floats(0, 0.95), mode=st.sampled_from(["slow", "stall", "hang up"]))
+    def check(change, fraction, mode):
+        raw = json.dumps({**BASES["chat/completions"], **change, "stream": False}).encode()
+        answer = upload(live_tiny, raw, int(len(raw) * fraction), mode)
+        if mode == "slow":
+            assert answer.startswith(b"HTTP/1.1 200") or answer.startswith(b"HTTP/1.1 4"), answer[:200]
+        elif mode == "stall":
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+
+    check()
+    metrics = httpx.get(live_tiny.base_url + "/metrics", timeout=30).text
+    assert 'status="500"' not in metrics and "internal_error" not in metrics
+    assert httpx.post(live_tiny.api_url + "/completions", json=BASES["completions"], timeout=60).status_code == 200
