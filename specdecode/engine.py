@@ -359,7 +359,7 @@ class Engine:
         if model is not None:
             warm = torch.zeros(warm_len, dtype=torch.long, device=device)
             measure = lambda: time_draft_pass(model.model, warm, repeats)  # noqa: E731
-            self.tuner.costs.draft[model.name] = pass_timings.remembered(model.model, ("draft", warm_len), measure)
+            self.tuner.costs.set_measured_draft(model.name, pass_timings.remembered(model.model, ("draft", warm_len), measure))
 
     def measure_batch_costs(self, max_rows: int, repeats: int = 3) -> None:
         """Time target passes of up to max_rows rows (a batch of several requests' blocks), where the cost model

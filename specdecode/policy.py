@@ -22,14 +22,17 @@ class CostModel:
     when the policy drafts that far: without the scaling, timings taken while another process had the
     cores (the engine's cost measurement at start-up, say) would keep the block sizes the policy then
     avoids looking that much dearer for good, since an avoided size is never timed again. A machine that
-    is busy for a while slows every block size alike, so the ratios hold.
+    is busy for a while slows every block size alike, so the ratios hold. A draft pass's cost is kept and
+    read the same way (`draft_cost`): a draft timed on a busy machine looked dearer than a target step, so
+    the draft model never drafted again and its cost was never timed again.
     """
 
     def __init__(self, smoothing: float = DEFAULT.cost_smoothing):
         self.smoothing = smoothing
         self.target: dict[int, float] = {}  # as timed (smoothed); read through target_cost
         self.single_at: dict[int, float] = {}  # block size -> the single step's estimate when it was timed
-        self.draft: dict[str, float] = {}
+        self.draft: dict[str, float] = {}  # as timed (smoothed); read through draft_cost
+        self.draft_single_at: dict[str, float] = {}  # drafter -> the single step's estimate when it was timed
 
     def _mix(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
@@ -59,7 +62,26 @@ class CostModel:
                 self.single_at[other] = self.target[1]
 
     def record_draft(self, drafter: str, seconds_per_pass: float) -> None:
-        self.draft[drafter] = self._mix(self.draft.get(drafter), seconds_per_pass)
+        self.draft[drafter] = self._mix(self.draft_cost(drafter), seconds_per_pass)
+        self._draft_timed(drafter)
+
+    def set_measured_draft(self, drafter: str, seconds_per_pass: float) -> None:
+        """A draft pass timed apart from decoding, beside the target blocks of the same measurement."""
+        self.draft[drafter] = seconds_per_pass
+        self._draft_timed(drafter)
+
+    def _draft_timed(self, drafter: str) -> None:
+        if 1 in self.target:
+            self.draft_single_at[drafter] = self.target[1]
+        else:
+            self.draft_single_at.pop(drafter, None)
+
+    def draft_cost(self, drafter: str) -> float | None:
+        """A draft pass of this drafter in today's single-step terms (None: never timed)."""
+        if drafter not in self.draft:
+            return None
+        single, at = self.target.get(1), self.draft_single_at.get(drafter)
+        return self.draft[drafter] * (single / at) if single and at else self.draft[drafter]
 
     def target_cost(self, block: int) -> float | None:
         """Measured, or linearly interpolated/extrapolated from the nearest measured sizes."""
@@ -184,7 +206,7 @@ class DraftLengthPolicy:
         verify = self.costs.target_cost(k + 1)
         if verify is None:
             return None
-        draft = self.costs.draft.get(self.drafter, 0.0)
+        draft = self.costs.draft_cost(self.drafter) or 0.0
         return expected_tokens_per_pass(self.acceptance.value, k) / (k * draft + verify)
 
     def update(self, accepted: int, drafted: int, wasted: int = 0, seconds: float | None = None, tokens: int = 0) -> None:
@@ -230,9 +252,9 @@ class ChainCap:
 
     The stop rule's calibration pools earlier requests, so on text the draft predicts badly it still drafts long
     chains whose passes are wasted. A request's first model draft is therefore a cheap probe of `start` tokens;
-    the cap doubles each time a whole chain is accepted (up to `limit`) and falls to one token when a chain's
-    first token is rejected (the next probe is the cheapest there is). Chains that are partly accepted keep the
-    cap: the stop rule already ends them.
+    the cap doubles each time a whole chain is accepted (up to `limit`) and halves when a chain's first token is
+    rejected (a request that keeps missing probes one token at a time; one that drafts well loses little to a
+    single miss). Chains that are partly accepted keep the cap: the stop rule already ends them.
     """
 
     def __init__(self, start: int, limit: int):
@@ -246,7 +268,7 @@ class ChainCap:
         if accepted == drafted:
             self.value = min(self.limit, max(self.value, drafted) * 2)
         elif accepted == 0:
-            self.value = 1
+            self.value = max(1, self.value // 2)
 
 
 class DraftStopRule(StopRule):
@@ -309,7 +331,7 @@ class DraftStopRule(StopRule):
         if self.cap is not None and drafted >= self.cap.value:
             return False
         step = self.costs.target_cost(1)
-        draft = self.costs.draft.get(self.drafter)
+        draft = self.costs.draft_cost(self.drafter)
         if step is None or draft is None:
             return True
         expected = chain_prob * self.acceptance(confidence)

@@ -17,9 +17,10 @@ def profile_report(engine, stats) -> str:
         lines.append(f"  target pass, 1 token: {1000 * single:.1f} ms")
         for block in sorted(engine.tuner.costs.target):
             if block > 1:
-                cost = engine.tuner.costs.target[block]
+                cost = engine.tuner.costs.target_cost(block)
                 lines.append(f"  target pass, {block:2d} tokens: {1000 * cost:7.1f} ms = {cost / single:.2f} single steps")
-    for name, cost in engine.tuner.costs.draft.items():
+    for name in engine.tuner.costs.draft:
+        cost = engine.tuner.costs.draft_cost(name)
         ratio = f" (c = {cost / single:.3f} of a target step)" if single else ""
         lines.append(f"  draft step ({name}): {1000 * cost:.1f} ms{ratio}")
     return "\n".join(lines)

@@ -149,7 +149,7 @@ class GenerationTuning:
         speedup = max(self.policy.prior_speedup, self.params.probe_speedup_floor)
         per_token = self.tuner.draft_prefill_cost.get(name)
         if per_token is None:
-            draft = self.costs.draft.get(name)
+            draft = self.costs.draft_cost(name)
             if draft is None:
                 return True
             per_token = self.target_prefill / max(1, self.prompt_len) * draft / plain
@@ -196,7 +196,7 @@ class GenerationTuning:
         """Draft + verify time of a step, without a catch-up (a probe after plain steps feeds the draft model
         the tokens it missed): that is the price of probing, not of drafting, so the policy must not judge by it."""
         draft_time = step.draft_seconds
-        per_pass = self.costs.draft.get(source)
+        per_pass = self.costs.draft_cost(source)
         if step.draft.catch_up > 2 and per_pass is not None:
             draft_time = min(draft_time, per_pass * max(1, step.draft.forward_passes))
         return draft_time + step.verify_seconds
@@ -224,7 +224,7 @@ class GenerationTuning:
         elif policy.chain_stops_itself and policy.drafting_steps >= enough and policy.measured_speedup() is not None:
             self._remember_speedup(self.name, policy.measured_speedup())
         stats.single_step_cost = self.costs.target_cost(1)
-        stats.draft_step_cost = self.costs.draft.get(self.name) if self.drafter is not None else None
+        stats.draft_step_cost = self.costs.draft_cost(self.name) if self.drafter is not None else None
         stats.verify_cost_by_block = {n: self.costs.target_cost(n) for n in sorted(self.costs.target)}
         self._acceptance_notes(stats)
 

@@ -58,7 +58,7 @@ def run_tune_cli(args) -> int:
     sweep: dict[str, dict] = {}
     best = ("none", 0, 1.0)
     for drafter in drafters:
-        c = engine.tuner.costs.draft.get(drafter, 0.0) / single
+        c = (engine.tuner.costs.draft_cost(drafter) or 0.0) / single
         for k in (*SWEEP_K, "auto"):
             m = run(drafter, k)
             m["measured"] = m["tokens_per_s"] / base
