@@ -131,40 +131,55 @@ class GenerationTuning:
             return 0
         return k
 
-    def draft_prefill_pays(self, budget: int, generated: int, name: str, unread: int) -> bool:
+    def draft_prefill_pays(self, budget: int, generated: int, name: str, unread: int, credit: int | None = None,
+                           speedup: float | None = None) -> bool:
         """Before the draft model reads the prompt: can drafting the tokens still to come repay that read?
 
         Saving expected: the tokens still to come, at a plain step each, times (1 - 1/speedup) at the speedup
         the policy's prior expects. How many will come is unknown: the budget overstates it for short answers
         (Spec-Bench RAG answers 9-57 tokens after 600-1000-token prompts, where reading the prompt into the
         draft made speculation slower than plain decoding). So, as when renting before buying, count on as
-        many tokens as the answer already has, and at least `params.answer_credit`: a short prompt is read at once, a
-        long one once the answer has shown it will repay it. Prefill cost: measured per prompt token earlier,
-        else estimated from this generation's target prefill scaled by the draft/target step cost ratio.
+        many tokens as the answer already has, and at least `credit` (`params.answer_credit`): a short prompt is read
+        at once, a long one once the answer has shown it will repay it. Prefill cost: measured per prompt token
+        earlier, else estimated from this generation's target prefill scaled by the draft/target step cost ratio.
+        speedup: what drafting is expected to reach (the policy's prior unless given).
         """
         plain = self.costs.target_cost(1)
         if plain is None:
             return True
         # A losing history still lets a probe explore, judged at a modest speedup.
-        speedup = max(self.policy.prior_speedup, self.params.probe_speedup_floor)
+        speedup = max(self.policy.prior_speedup if speedup is None else speedup, self.params.probe_speedup_floor)
         per_token = self.tuner.draft_prefill_cost.get(name)
         if per_token is None:
             draft = self.costs.draft_cost(name)
             if draft is None:
                 return True
             per_token = self.target_prefill / max(1, self.prompt_len) * draft / plain
-        expected_left = min(budget, max(generated, self.params.answer_credit))
+        expected_left = min(budget, max(generated, self.params.answer_credit if credit is None else credit))
         saving = expected_left * plain * (1.0 - 1.0 / speedup)
         return saving > per_token * unread
 
     def observe_draft_prefill(self, seconds: float) -> None:
         """The draft model has read the prompt, in `seconds`."""
-        if self.unread_prompt >= self.params.prefill_min_tokens:
-            old = self.tuner.draft_prefill_cost.get(self.name)
-            per_token = seconds / self.unread_prompt
-            keep = self.params.prefill_cost_keep
-            self.tuner.draft_prefill_cost[self.name] = per_token if old is None else keep * old + (1 - keep) * per_token
+        self._record_prefill_cost(self.name, seconds, self.unread_prompt)
         self.unread_prompt = 0
+
+    def _record_prefill_cost(self, name: str, seconds: float, tokens: int) -> None:
+        """A draft model read `tokens` context tokens in `seconds`: its cost per token to read a prompt."""
+        if tokens >= self.params.prefill_min_tokens:
+            old = self.tuner.draft_prefill_cost.get(name)
+            per_token = seconds / tokens
+            keep = self.params.prefill_cost_keep
+            self.tuner.draft_prefill_cost[name] = per_token if old is None else keep * old + (1 - keep) * per_token
+
+    def _observe_catch_up(self, step, source: str) -> None:
+        """auto's draft model reads the prompt on its first proposal: that proposal's time, less its later passes,
+        is what reading cost, per token, for the next decision whether reading pays (an estimate from the
+        target's prefill put it at two thirds of what the 0.5B draft took on a 2-core EPYC)."""
+        draft, per_pass = step.draft, self.costs.draft_cost(source)
+        if per_pass is not None and draft.catch_up >= self.params.prefill_min_tokens:
+            read = step.draft_seconds - per_pass * max(0, draft.forward_passes - 1)
+            self._record_prefill_cost(source, max(0.0, read), draft.catch_up)
 
     def observe(self, step, record_cost: bool = True, record_draft_cost: bool = True) -> None:
         """Learn from a finished StepResult: block costs, acceptance, confidence calibration. record_cost: the
@@ -178,6 +193,8 @@ class GenerationTuning:
         # A step that first had to consume many context tokens says nothing about a draft pass's cost.
         if self.drafter is not None and draft.tokens and draft.catch_up <= 2 and record_draft_cost:
             self.costs.record_draft(source, step.draft_seconds / max(1, draft.forward_passes or len(draft.tokens)))
+        elif draft.source == "draft" and draft.forward_passes and record_draft_cost:
+            self._observe_catch_up(step, source)
         if self.drafter is None:
             return
         wasted = draft.forward_passes > len(draft.tokens) and not draft.is_tree
@@ -255,7 +272,9 @@ class GenerationTuning:
         if speedup is not None and speedup < 1.0 and not self._probe_due():
             return False
         unread = self.drafter.model.unread_tokens(context)
-        return unread <= 2 or self.draft_prefill_pays(self.budget, self.generated, "draft", unread)
+        expected = speedup if speedup is not None else self.params.prior_speedup
+        return unread <= 2 or self.draft_prefill_pays(self.budget, self.generated, "draft", unread,
+                                                      self.params.auto_answer_credit, expected)
 
     def model_speedup(self) -> float | None:
         """The draft model's expected speedup over plain decoding for the rest of this request: its own model

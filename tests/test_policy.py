@@ -180,8 +180,10 @@ def test_a_draft_models_chain_starts_short_and_grows_only_as_its_drafts_are_acce
 
 
 class _Model:
+    unread = 0
+
     def unread_tokens(self, context):
-        return 0
+        return self.unread
 
 
 class _Auto:
@@ -264,3 +266,26 @@ def test_a_draft_pass_timed_on_a_busy_machine_follows_the_single_step_once_it_is
     model.record_draft("draft", 0.02)  # a live timing mixes with the scaled estimate, not the busy one
     assert model.draft_cost("draft") == pytest.approx(0.8 * 0.068 * 0.042 / 0.167 + 0.2 * 0.02, rel=1e-3)
     assert CostModel().draft_cost("draft") is None
+
+
+def test_auto_reads_the_prompt_into_its_model_only_once_the_answer_can_repay_the_measured_read():
+    """Issue 66: auto's model reads the prompt on its first proposal; that read is timed (less the proposal's later
+    passes), and the next request reads only where 16 tokens, or as many as the answer already has, at the
+    expected speedup repay it. A first-seen 17-token translation never did."""
+    from specdecode.drafters.base import Draft
+    from specdecode.step import StepResult
+
+    tuning = _auto_tuning()
+    # the first proposal read 50 context tokens, then drafted two more tokens: 0.5 s of reading, 2 passes of 0.1 s
+    draft = Draft(tokens=[1, 1, 1], forward_passes=3, catch_up=50, source="draft", confidences=[0.9] * 3)
+    tuning.observe(StepResult([1, 1], [], draft, draft_seconds=0.7, verify_seconds=0.4))
+    assert tuning.tuner.draft_prefill_cost["draft"] == pytest.approx(0.01)
+    later = tuning.tuner.start(_Auto(), None, 15)
+    later.drafter.model.unread = 100  # a 1 s read against 0.33 s steps, each saving a sixth of a step at 1.2x
+    later.budget = 64
+
+    def pays_after(generated):
+        later.generated = generated
+        return later.model_pays([1])
+
+    assert [pays_after(n) for n in (0, 16, 18, 19, 30)] == [False, False, False, True, True]
