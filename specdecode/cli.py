@@ -10,6 +10,7 @@ from . import registry
 from .bench.prompts import SUITES
 from .build import build_engine, parse_k
 from .errors import SpecDecodeError, require_extra
+from .server.connection_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, LIMIT_CONCURRENCY
 
 # accepted: copied from text (green) or proposed by a draft model (magenta); the target's own tokens after
 COLOURS = {"accepted": "\033[32m", "accepted (draft model)": "\033[35m", "recovered": "\033[33m", "bonus": "\033[36m",
@@ -258,6 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--suffix-store-tokens", type=int, default=262_144,
                    help="tokens of earlier requests the 'auto' and 'suffix' drafters keep to copy from, per engine"
                         " (default 262144); each client's requests are kept apart")
+    s.add_argument("--header-timeout", type=float, default=HEADER_TIMEOUT_S,
+                   help=f"seconds a connection may take to send a request's headers (default {HEADER_TIMEOUT_S:g});"
+                        " slower ones are closed")
+    s.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
+                   help=f"seconds a request may take to send its whole body (default {BODY_TIMEOUT_S:g}); then 408")
+    s.add_argument("--limit-concurrency", type=int, default=LIMIT_CONCURRENCY,
+                   help=f"open connections at most (default {LIMIT_CONCURRENCY}); past it new ones get 503")
     s.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds a SIGTERM waits for running and queued requests before cutting them (default 30)")
     s.add_argument("--replicas", type=int, default=None,

@@ -13,19 +13,11 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.requests import ClientDisconnect
 
+from .connection_limits import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, LIMIT_CONCURRENCY, TIMEOUT_KEEP_ALIVE_S
 from .metrics import ServerMetrics
 from .protocol import ApiError, parse_json_body
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
-# How long a client may take to send a request: its headers (from the connection's start, or from the end of its
-# last answer), then its whole body (4 MB at ~1 Mbit/s). A half-sent request was held forever, and with it a socket:
-# enough of them and accept() fails for everyone (review turn 5, finding 6). A proxy in front may set its own.
-HEADER_TIMEOUT_S = 10.0
-BODY_TIMEOUT_S = 30.0
-# At most this many connections (open, or answering) are served at once; past it uvicorn answers 503. The queue holds
-# --queue-size requests and the batch --max-batch, so this leaves ample room for waiting and idle keep-alive clients.
-LIMIT_CONCURRENCY = 512
-TIMEOUT_KEEP_ALIVE_S = 5  # uvicorn's default, said here: an idle connection between requests is closed after it
 MAX_HEADER_BYTES = 64 * 1024  # h11 bounds a request's headers (16 KB); httptools, uvicorn's choice where installed, not
 API_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics", "/")
 
@@ -89,9 +81,9 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def connection_options(header_timeout: float = HEADER_TIMEOUT_S) -> dict:
+def connection_options(header_timeout: float = HEADER_TIMEOUT_S, limit_concurrency: int = LIMIT_CONCURRENCY) -> dict:
     """uvicorn.Config's settings that bound what connections may hold (serve_options.uvicorn_config takes them)."""
-    return {"http": header_deadline_protocol(header_timeout), "limit_concurrency": LIMIT_CONCURRENCY,
+    return {"http": header_deadline_protocol(header_timeout), "limit_concurrency": limit_concurrency,
             "timeout_keep_alive": TIMEOUT_KEEP_ALIVE_S}
 
 
@@ -102,6 +94,7 @@ def header_deadline_protocol(timeout: float) -> type:
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     class HeaderDeadline(AutoHTTPProtocol):
+        header_timeout = timeout
         _deadline = None  # the timer while the connection waits for a request's headers
         _waiting_after = None  # the request cycle it waits after (None: the connection's first)
         _header_bytes = 0

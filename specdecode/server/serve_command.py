@@ -48,7 +48,8 @@ def server_config(app, args):
     """uvicorn's settings for `specdecode serve`: the address, and bounds on what connections may hold (a deadline on
     each request's headers and body, a connection limit: http_parts.connection_options)."""
     return uvicorn_config(app, host=args.host, port=args.port, forwarded_allow_ips=getattr(args, "forwarded_allow_ips", None),
-                          log_level="info", timeout_graceful_shutdown=15, **connection_options())
+                          log_level="info", timeout_graceful_shutdown=15,
+                          **connection_options(args.header_timeout, args.limit_concurrency))
 
 
 def run_server(args) -> int:
@@ -64,6 +65,7 @@ def run_server(args) -> int:
     app = create_app(engine, drafter, model_name, api_key=api_keys, queue_size=args.queue_size, warmup=True,
                      allowed_hosts=allowed_hosts, cors_origins=args.cors_origin or [], max_batch=args.max_batch,
                      metrics_key=getattr(args, "metrics_key", None), expose_timings=getattr(args, "expose_timings", False))
+    app.state.body_timeout = args.body_timeout
     config = server_config(app, args)
     server = draining_server(app.state.scheduler, max(0.0, float(args.shutdown_grace)), config)
     freeze_loaded_objects()

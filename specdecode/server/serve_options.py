@@ -56,6 +56,12 @@ def check_serve_args(args) -> bool:
         raise InputError(f"--queue-size must be at least 1, got {args.queue_size}")
     if getattr(args, "max_batch", 8) < 1:
         raise InputError(f"--max-batch must be at least 1, got {args.max_batch}")
+    for flag in ("header_timeout", "body_timeout"):
+        seconds = getattr(args, flag, 1.0)
+        if not 0 < seconds < float("inf"):
+            raise InputError(f"--{flag.replace('_', '-')} must be a positive number of seconds, got {seconds}")
+    if getattr(args, "limit_concurrency", 1) < 1:
+        raise InputError(f"--limit-concurrency must be at least 1, got {args.limit_concurrency}")
     replicas = getattr(args, "replicas", None)
     if replicas is not None and replicas < 1:
         raise InputError(f"--replicas must be at least 1, got {replicas}")

@@ -145,10 +145,17 @@ def test_a_client_hanging_up_mid_upload_is_a_quiet_499(server):
 
 
 def test_specdecode_serve_bounds_connections():
+    from specdecode.cli import build_parser
     from specdecode.server.http_parts import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, LIMIT_CONCURRENCY
     from specdecode.server.serve_command import server_config
 
-    args = SimpleNamespace(host="127.0.0.1", port=18299, forwarded_allow_ips=None)
+    args = build_parser().parse_args(["serve", "--port", "18299"])
+    assert (args.header_timeout, args.body_timeout, args.limit_concurrency) == (
+        HEADER_TIMEOUT_S, BODY_TIMEOUT_S, LIMIT_CONCURRENCY)
     config = server_config(object(), args)
     assert config.limit_concurrency == LIMIT_CONCURRENCY and config.timeout_keep_alive == 5
     assert config.http.__name__ == "HeaderDeadline" and HEADER_TIMEOUT_S <= 10 and BODY_TIMEOUT_S <= 60
+    # the flags reach uvicorn
+    args = build_parser().parse_args(["serve", "--header-timeout", "2.5", "--limit-concurrency", "64"])
+    config = server_config(object(), args)
+    assert config.limit_concurrency == 64 and config.http.header_timeout == 2.5

@@ -26,6 +26,9 @@ print("no ray")
     (["--replicas", "1", "--threads-per-replica", "2"], "apply with --replicas 2 or more"),
     (["--replicas", "2", "--threads-per-replica", "0"], "--threads-per-replica must be at least 1"),
     (["--replicas", "2", "--threads", "2"], "--threads-per-replica"),
+    (["--header-timeout", "0"], "--header-timeout must be a positive number of seconds"),
+    (["--body-timeout", "nan"], "--body-timeout must be a positive number of seconds"),
+    (["--limit-concurrency", "0"], "--limit-concurrency must be at least 1"),
 ])
 def test_bad_replica_flags_are_refused_before_loading_anything(flags, message, capsys):
     from specdecode.cli import main
