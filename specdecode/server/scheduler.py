@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -196,6 +196,11 @@ class Scheduler:
                  default_max_tokens: int = 256, max_k: int | None = None, max_batch: int = 8):
         self.engine = engine
         self.batch = BatchEngine(engine, max_batch=max_batch)
+        # Grammars being compiled, by the spec object: a request's n choices share its spec and wait for one compile
+        # instead of each compiling (seconds of CPU for a large schema, n times over). Only while compiling: nothing
+        # here outlives it, and another request's equal spec is another object, compiled apart.
+        self._compiling: dict[int, tuple[object, Future]] = {}
+        self._compiling_lock = threading.Lock()
         self.max_batch = max_batch
         self.default_drafter = default_drafter
         self.queue_size = queue_size
@@ -464,10 +469,29 @@ class Scheduler:
         if request.grammar is None:
             return None
         try:
-            return check_grammar(request.grammar, self.engine.tokenizer, self.engine.target.vocab_size)
+            return self._compile_once(request.grammar)
         except InputError as exc:
             param = "tool_choice" if request.tools and forces_call(request.tool_choice) else "response_format"
             raise ApiError(400, str(exc), param=param, code="invalid_value") from None
+
+    def _compile_once(self, spec) -> CheckedGrammar:
+        """check_grammar(spec), or the result of the compile of this very spec object already under way."""
+        with self._compiling_lock:
+            held = self._compiling.get(id(spec))
+            mine = held is None or held[0] is not spec
+            if mine:
+                held = self._compiling[id(spec)] = (spec, Future())
+        future = held[1]
+        if not mine:
+            return future.result()
+        try:
+            future.set_result(check_grammar(spec, self.engine.tokenizer, self.engine.target.vocab_size))
+        except BaseException as exc:
+            future.set_exception(exc)
+        finally:
+            with self._compiling_lock:
+                self._compiling.pop(id(spec), None)
+        return future.result()
 
     def _begin(self, job: Job) -> int:
         """Engine thread: check the limits and queue the request in the batch (the engine validates eagerly).

@@ -153,6 +153,35 @@ def test_no_compiled_grammar_outlives_its_request(engine, monkeypatch):
     assert kinds == ["step"] * 6 and len(compiled) == 6 and not alive
 
 
+def test_the_choices_of_one_request_share_one_compile_and_others_compile_apart(engine, monkeypatch):
+    """n choices carry their request's spec object: they wait for one compile of it instead of each compiling (seconds
+    of CPU for a large schema, n times over). An equal spec from another request is compiled apart, and nothing is
+    kept once the compile is done."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from dataclasses import replace
+
+    from specdecode.server import scheduler as scheduler_module
+
+    compiles, check = [], scheduler_module.check_grammar
+
+    def slow(spec, *args):
+        compiles.append(spec)
+        time.sleep(0.3)  # long enough for every choice to arrive while it compiles
+        return check(spec, *args)
+
+    monkeypatch.setattr(scheduler_module, "check_grammar", slow)
+    scheduler = scheduler_module.Scheduler(engine, "none", 8, ServerMetrics("fake"), max_batch=4)
+    request = schema_request(20, 1)
+    choices = [replace(request, seed=index) for index in range(4)]
+    other = replace(request, grammar=GrammarSpec(request.grammar.kind, request.grammar.source))  # equal, not the same
+    with ThreadPoolExecutor(5) as pool:
+        grammars = list(pool.map(scheduler._check_grammar, choices + [other]))
+    assert len({id(g) for g in grammars[:4]}) == 1 and grammars[4] is not grammars[0]
+    assert len(compiles) == 2 and not scheduler._compiling
+    scheduler.close()
+
+
 @pytest.mark.parametrize("route", ["chat", "completions"])
 def test_a_logit_bias_id_past_the_vocabulary_is_a_400_naming_logit_bias(client, route):
     bias = {"49152": 5, "3": 1}  # smollm2's vocabulary is 0..49151
