@@ -1,4 +1,5 @@
-"""Logit processing shared by target and draft: temperature, min-p, top-k, top-p, then softmax."""
+"""Logit processing shared by target and draft (temperature, min-p, top-k, top-p, then softmax), and the seeded
+noise that samples from the result (PositionNoise; its race also runs on the device: gpu/noise_kernel.py)."""
 from __future__ import annotations
 
 import math
@@ -88,6 +89,52 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits.softmax(-1)
 
 
+# The noise's constants, read by the host (PositionNoise) and by the device's kernel (gpu/noise_kernel.py) alike.
+GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: splitmix64's counter step
+SEED_SALT = 0x6A09E667F3BCC909  # sqrt(2)'s fraction: keys seed 0 away from the all-zero word
+SPLITMIX_MULTIPLIERS = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+LN2_BITS = 0x3FE62E42FEFA39EF  # log(2) rounded to float64
+SQRT2_BITS = 0x3FF6A09E667F3BCD  # sqrt(2) rounded to float64
+LOG_SERIES_TERMS = 11  # log's series in s**2 (<= 0.0295) to the power 11: truncation below 1e-18 relative
+
+
+def _float64_of(bits: int) -> np.float64:
+    return np.array([bits], dtype=np.uint64).view(np.float64)[0]
+
+
+def log_series_coefficient(k: int) -> np.float64:
+    """2 / (2k + 1) in float64, one correctly rounded division: the device divides the same way."""
+    return np.float64(2.0) / np.float64(2 * k + 1)
+
+
+def neg_log(u: np.ndarray) -> np.ndarray:
+    """-log(u) for float64 u in [2**-54, 1] (normal numbers), within one ulp of np.log's.
+
+    Written with correctly rounded float64 operations only (+, -, *, /, bit manipulation) in one fixed order, so the
+    device's kernel (gpu/noise_kernel.py's neg_log, the same steps) gives the same bits: np.log and the device's log
+    (libdevice) are not guaranteed to round alike, and one ulp of difference in a draw can flip an exponential race
+    at a near tie, which would give a seed different text on the GPU. fdlibm's scheme: u = m * 2**e with m in
+    [sqrt(1/2), sqrt(2)), f = m - 1 (exact), s = f / (2 + f), log(1 + f) = 2s + s * R, R = sum_k 2 z**k / (2k+1)
+    with z = s*s, rearranged as f - (f*f/2 - s * (f*f/2 + R)) so the large terms enter last and exactly.
+    """
+    bits = np.ascontiguousarray(u, dtype=np.float64).view(np.uint64)
+    exponent = (bits >> np.uint64(52)).astype(np.int64) - 1023
+    m = ((bits & np.uint64(0x000FFFFFFFFFFFFF)) | np.uint64(0x3FF0000000000000)).view(np.float64)  # [1, 2)
+    high = m > _float64_of(SQRT2_BITS)
+    m = np.where(high, m * 0.5, m)
+    exponent = np.where(high, exponent + 1, exponent)
+    f = m - 1.0
+    s = f / (f + 2.0)
+    z = s * s
+    series = np.full_like(z, log_series_coefficient(LOG_SERIES_TERMS))
+    for k in range(LOG_SERIES_TERMS - 1, 0, -1):  # Horner, highest power first
+        series = series * z + log_series_coefficient(k)
+    series = z * series
+    half_f_squared = 0.5 * f * f
+    log_m = f - (half_f_squared - s * (half_f_squared + series))
+    return (-exponent).astype(np.float64) * _float64_of(LN2_BITS) - log_m
+
+
 class PositionNoise:
     """Sampling whose randomness is a function of (seed, position, token id) and of nothing else.
 
@@ -102,8 +149,8 @@ class PositionNoise:
       their distributions are close (a coupling of the two draws), which keeps acceptance high.
     """
 
-    _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-    _SEED_SALT = np.uint64(0x6A09E667F3BCC909)  # sqrt(2)'s fraction: keys seed 0 away from the all-zero word
+    _GOLDEN = np.uint64(GOLDEN)
+    _SEED_SALT = np.uint64(SEED_SALT)
 
     def __init__(self, seed: int):
         self.seed = seed
@@ -113,8 +160,8 @@ class PositionNoise:
     @staticmethod
     def _mix(z: np.ndarray) -> np.ndarray:
         """splitmix64's finaliser: a bijection of 64-bit words whose output bits look independent."""
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(SPLITMIX_MULTIPLIERS[0])
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(SPLITMIX_MULTIPLIERS[1])
         return z ^ (z >> np.uint64(31))
 
     def _position_key(self, position: int) -> np.uint64:
@@ -133,14 +180,74 @@ class PositionNoise:
         with np.errstate(over="ignore"):
             key = self._position_key(position)
             bits = self._mix(key ^ self._mix(token_ids.astype(np.uint64) * self._GOLDEN + np.uint64(1)))
-        uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
-        return -np.log(uniform)
+        uniform = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1]
+        return neg_log(uniform)  # not np.log: the device must draw the same bits (see neg_log)
+
+    @property
+    def key_bits(self) -> int:
+        """The seed's key as a signed 64-bit integer: how an int64 tensor carries it to the device's kernel."""
+        key = int(self._key)
+        return key - 2**64 if key >= 2**63 else key
 
     def choose(self, probs: torch.Tensor, position: int) -> int:
-        """The token sampled from probs [V] at this sequence position."""
-        p = probs.detach().float().cpu().numpy()
+        """The token sampled from probs [V] at this sequence position. On a CUDA device the race runs there and only
+        the chosen token is read back; elsewhere on the host. Both draw the same token."""
+        if probs.is_cuda:
+            return read_tokens(choose_rows(probs[None], [position], [self]))[0]
+        token = self.race(probs.detach().float().cpu().numpy(), position)
+        if token < 0:
+            raise ValueError("sampling from a distribution with no mass")
+        return token
+
+    def race(self, p: np.ndarray, position: int) -> int:
+        """The host's race over probabilities p [V] (float32): the winning token id, -1 where p has no mass."""
         support = np.flatnonzero(p > 0)  # tokens outside top-k / top-p cannot win
         if support.size == 0:
-            raise ValueError("sampling from a distribution with no mass")
+            return -1
         race = p[support] / self.exponentials(position, support)
-        return int(support[int(np.argmax(race))])
+        return int(support[int(np.argmax(race))])  # ties: the lowest id (the device keeps the same rule)
+
+
+def choose_rows(probs: torch.Tensor, positions, noises: list[PositionNoise],
+                device_kernel: bool | None = None) -> torch.Tensor:
+    """Row t of probs [T, V] sampled by noises[t] at sequence position positions[t] (a list of ints, or an int64
+    tensor on probs' device) -> tokens [T] int64 on probs' device, -1 for a row with no mass (read_tokens raises on
+    it). The same tokens as PositionNoise.choose row by row.
+
+    device_kernel: race in the Triton kernel (gpu/noise_kernel.py), one launch pair for all rows and no host read;
+    None picks it for CUDA tensors. True on CPU tensors runs the kernel in Triton's interpreter (TRITON_INTERPRET=1,
+    the tests). False: PositionNoise.race row by row on the host.
+    """
+    if len(noises) != probs.shape[0] or len(positions) != probs.shape[0]:
+        raise ValueError(f"{probs.shape[0]} rows need as many positions and noises, got {len(positions)} and "
+                         f"{len(noises)}")
+    if device_kernel is None:
+        device_kernel = probs.is_cuda
+    if device_kernel:
+        from .gpu import noise_kernel  # Triton loads only here: CPU-only installs sample on the host
+
+        keys = _int64_rows([noise.key_bits for noise in noises], probs.device)
+        if not torch.is_tensor(positions):
+            positions = _int64_rows([int(position) for position in positions], probs.device)
+        return noise_kernel.choose_rows(probs, keys, positions)
+    p = probs.detach().float().cpu().numpy()
+    positions = positions.tolist() if torch.is_tensor(positions) else positions
+    tokens = [noise.race(row, int(position)) for row, position, noise in zip(p, positions, noises)]
+    return torch.tensor(tokens, dtype=torch.int64, device=probs.device)
+
+
+def _int64_rows(values: list[int], device: torch.device) -> torch.Tensor:
+    """values as an int64 tensor on device; to a GPU from pinned memory, asynchronously (no wait for its queue)."""
+    rows = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cuda":
+        return rows.pin_memory().to(device, non_blocking=True)
+    return rows.to(device)
+
+
+def read_tokens(tokens: torch.Tensor) -> list[int]:
+    """choose_rows' tokens read to the host (the one read of the device path); a row with no mass raises, as
+    PositionNoise.choose does."""
+    values = tokens.tolist()
+    if any(token < 0 for token in values):
+        raise ValueError("sampling from a distribution with no mass")
+    return values

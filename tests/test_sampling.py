@@ -7,7 +7,7 @@ import torch
 
 from specdecode.engine import Engine
 from specdecode.errors import InputError
-from specdecode.sampling import PositionNoise, SamplingParams, probabilities
+from specdecode.sampling import PositionNoise, SamplingParams, neg_log, probabilities
 from testlib import as_loaded, make_tiny_model
 
 
@@ -249,3 +249,18 @@ def test_a_seeded_generation_on_the_real_int8_model_is_the_same_text_after_the_s
                                       namespace="client").token_ids
                 assert got == plain, (round_, drafter, k)
         assert len(engine.suffix_store) > 0
+
+
+def test_neg_log_is_within_an_ulp_of_numpys_log():
+    """The noise's -log (written in correctly rounded operations so the device can draw the same bits) stays within
+    one ulp of np.log's over PositionNoise's uniforms, both ends of their range, and where its reduction switches
+    (powers of two, sqrt(1/2) * 2**e): the draws are Exp(1) to ~1e-16."""
+    k = np.random.default_rng(0).integers(0, 2**53, 200_000, dtype=np.uint64)
+    ends = np.concatenate([np.arange(64, dtype=np.uint64), np.uint64(2**53) - np.arange(1, 64, dtype=np.uint64)])
+    u = (np.concatenate([k, ends]).astype(np.float64) + 0.5) * 2.0**-53
+    root = np.sqrt(0.5) * 2.0 ** -np.arange(54.0)
+    u = np.concatenate([u, 2.0 ** -np.arange(55.0), np.nextafter(root, 0), root, np.nextafter(root, 1)])
+    reference = -np.log(u)
+    assert np.all(np.abs(neg_log(u) - reference) <= np.spacing(reference))
+    one = neg_log(np.array([1.0]))[0]
+    assert one == 0.0 and not np.signbit(one)  # u = 1 (a rounding of the top k) races p / +0 = inf, never -inf
