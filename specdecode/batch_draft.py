@@ -16,7 +16,7 @@ import time
 import torch
 
 from . import pass_timings
-from .drafters.base import DraftSteps
+from .drafters.base import ChainRound, DraftSteps, answer_rounds
 
 
 class Proposal:
@@ -50,9 +50,13 @@ def draft_together(proposals: list[tuple[object, DraftSteps]]) -> int:
             active.append(proposal)
     rounds = 0
     while active:
-        rounds += 1
         for model, members in _by_model(active).items():
-            _one_pass(model, members)
+            chained = [p for p in members if isinstance(p.waiting[1], ChainRound)]
+            others = [p for p in members if not isinstance(p.waiting[1], ChainRound)]
+            passes = _device_rounds(model, chained) if chained else 0
+            if others:
+                _one_pass(model, others)
+            rounds += max(passes, 1 if others else 0)
         active = [p for p in active if p.waiting is not None]
     return rounds
 
@@ -66,11 +70,28 @@ def _by_model(active: list[Proposal]) -> dict:
     return groups
 
 
+def _device_rounds(model, members: list[Proposal]) -> int:
+    """The members' device rounds (drafters.base.ChainRound) in lockstep, one pass per step for every round still
+    going, read once at the end; each member's time is its steps' share. Returns the passes run (0 where the model
+    runs no rounds: each member then goes on pass by pass)."""
+    rounds = [p.waiting[1] for p in members]
+    t0 = time.perf_counter()
+    answers = answer_rounds(model, rounds)
+    pass_timings.wait_for_device(model.device)
+    seconds = time.perf_counter() - t0
+    steps = sum(r.steps for r in rounds) if answers[0] is not None else 0
+    for proposal, chain, answer in zip(members, rounds, answers):
+        proposal.generation.draft_seconds += seconds * chain.steps / steps if steps else 0.0
+        proposal.generation.draft_alone = proposal.generation.draft_alone and len(members) == 1
+        proposal.advance(answer)
+    return max(r.steps for r in rounds) if steps else 0
+
+
 def _one_pass(model, members: list[Proposal]) -> None:
     """One pass of `model` over every member's segment; each member resumes with its own logits."""
     segments = [p.waiting[1] for p in members]
     t0 = time.perf_counter()
-    if len(segments) > 1 and hasattr(model, "forward_batch"):
+    if hasattr(model, "forward_batch") and (len(segments) > 1 or getattr(model, "exact_pass", None) is not None):
         outputs = model.forward_batch(segments)
     else:  # one sequence, or a model without batched passes (the transformers adapter): each alone
         outputs = [model(torch.tensor(s.tokens, device=model.device), s.cache, logits=s.logits) for s in segments]

@@ -37,8 +37,22 @@ class Draft:
 
 
 # A proposal written as a generator of the draft-model passes it needs: it yields (model, Segment) for each pass,
-# is sent that pass's logits (as Transformer.forward_batch gives them), and returns its Draft.
+# is sent that pass's logits (as Transformer.forward_batch gives them), and returns its Draft. It may also yield
+# (model, ChainRound): several greedy passes in a row that the device runs without the host (answered by
+# answer_rounds below).
 DraftSteps = Generator[tuple, "torch.Tensor | None", Draft]
+
+
+@dataclass
+class ChainRound:
+    """`steps` greedy draft passes in a row over one sequence's draft cache: the first fed `token`, each next one
+    fed the argmax of the pass before, chosen on the device (gpu/draft_round.py). Answered with (the chosen
+    tokens, their top probabilities) read once at the end, or None where the model cannot run rounds (the
+    proposal then drafts pass by pass)."""
+
+    cache: object
+    token: int
+    steps: int
 
 
 def run_alone(steps: DraftSteps):
@@ -46,10 +60,23 @@ def run_alone(steps: DraftSteps):
     try:
         model, segment = next(steps)
         while True:
-            logits = model(torch.tensor(segment.tokens, device=model.device), segment.cache, logits=segment.logits)
-            model, segment = steps.send(logits)
+            if isinstance(segment, ChainRound):
+                answer = answer_rounds(model, [segment])[0]
+            elif getattr(model, "exact_pass", None) is not None:  # its tokens go to the device once, as metadata
+                answer = model.forward_batch([segment])[0]
+            else:
+                answer = model(torch.tensor(segment.tokens, device=model.device), segment.cache, logits=segment.logits)
+            model, segment = steps.send(answer)
     except StopIteration as done:
         return done.value
+
+
+def answer_rounds(model, rounds: list[ChainRound]) -> list:
+    """Each round's (tokens, confidences), run together where the model runs rounds on the device (one pass per
+    step for every round still going); [None, ...] where it does not."""
+    run = getattr(model, "chain_rounds", None)
+    answers = run(rounds) if run is not None else None
+    return answers if answers is not None else [None] * len(rounds)
 
 
 class StopRule:

@@ -15,7 +15,7 @@ import torch
 from ..errors import InputError
 from ..models.transformer import Segment
 from ..sampling import PositionNoise, SamplingParams, probabilities
-from .base import Draft, Drafter, DrafterTraits, DraftSteps, StopRule, run_alone
+from .base import ChainRound, Draft, Drafter, DrafterTraits, DraftSteps, StopRule, run_alone
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -40,6 +40,8 @@ class DraftModelDrafter(Drafter):
         # past them, which the draft cannot read; it then drafts nothing for that sequence (outputs unchanged).
         config = getattr(model, "config", None)
         self.rows = config.vocab_size if config is not None else getattr(model, "vocab_size", None)
+        # Greedy chains past their first token drafted in one device round (gpu/draft_round.py), on the GPU path
+        self.device_rounds = getattr(model, "exact_pass", None) is not None
 
     @property
     def model_drafter(self) -> "DraftModelDrafter":
@@ -115,9 +117,32 @@ class DraftModelDrafter(Drafter):
             confidences.append(confidence)
             if len(tokens) >= k or (rule is not None and not rule.extend(len(tokens), chain_prob, confidence)):
                 break
+            if probs_row is None and self.device_rounds:
+                answer = yield self.model, ChainRound(self.cache, token, k - len(tokens))
+                if answer is not None:
+                    passes += self._take_round(token, answer, tokens, confidences, k, rule, chain_prob)
+                    break
             logits = yield from self._next_logits(token)
             passes += 1
         return Draft(tokens, forward_passes=passes, catch_up=self.last_sync_tokens, confidences=confidences)
+
+    def _take_round(self, token: int, answer, tokens: list[int], confidences: list[float], k: int,
+                    rule: StopRule | None, chain_prob: float) -> int:
+        """The tokens of a device round (ChainRound) kept as the pass-by-pass loop would have kept them: the stop
+        rule now reads the round's confidences after the fact (the round drafted them all at once), so the draft
+        is the same tokens, cut at the same place. Returns the round's passes; the cache holds what they fed."""
+        chosen, probs = answer
+        self.cached.extend([token] + chosen[:-1])
+        for token, confidence in zip(chosen, probs):
+            if rule is not None:
+                if not rule.keep(len(tokens), chain_prob, confidence):
+                    break
+                chain_prob *= rule.acceptance(confidence)
+            tokens.append(token)
+            confidences.append(confidence if rule is not None else float("nan"))
+            if len(tokens) >= k or (rule is not None and not rule.extend(len(tokens), chain_prob, confidence)):
+                break
+        return len(chosen)
 
     def sync(self, context: list[int]) -> None:
         keep = common_prefix_len(self.cached, context)

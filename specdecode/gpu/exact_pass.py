@@ -86,6 +86,18 @@ def triton_next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+@dataclass
+class PlannedPass:
+    """One pass decided on the host (ExactPass.prepare): what ExactPass.launch runs."""
+
+    pool: KVPool
+    rows: int  # the segments' rows (the bucket's padding rows not counted)
+    keys: int  # the most keys a row sees
+    bucket: tuple[int, int] | None  # the captured pass that runs it (rows, keys); None: eager
+    meta: np.ndarray  # int32 [META + width, bucket rows or rows]
+    wanted: list[int]  # the rows whose logits it returns
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -144,25 +156,41 @@ class ExactPass:
         its cache; None where no row wants logits. The segments' caches all come from one pool of this pass, and
         their rows fit one pass (plan). One tensor for the whole pass, so that what follows it (finishing the
         logits, the argmaxes) is a launch or two however many sequences share it."""
+        planned = self.prepare(segments)
+        with self.on_device():
+            return self.launch(planned, torch.from_numpy(planned.meta).to(self.model.device, non_blocking=True))
+
+    def prepare(self, segments) -> "PlannedPass":
+        """What a pass over the segments launches, decided on the host: its captured bucket (or None: eager), its
+        metadata (numpy, to be copied to the device) and the rows whose logits it returns."""
         pool = segments[0].cache.pool
         if any(seg.cache.pool is not pool for seg in segments):
             raise ValueError("segments of one pass must share a cache pool")
         rows = sum(seg.rows for seg in segments)
         keys = max(seg.cache.length + seg.rows for seg in segments)  # the most keys a row of the pass sees
-        wanted = wanted_rows(segments)
-        with self.on_device():
-            bucket = self._bucket(rows, keys, pool)
-            if bucket is None:
-                meta = pass_metadata(segments, rows, max_depth(segments)).to(self.model.device, non_blocking=True)
-                picked = None if len(wanted) == rows else torch.tensor(wanted, device=self.model.device)
-                return self.forward(meta, pool, keys, picked)
-            graph, static_meta, static_logits = self._graph(*bucket, pool)
-            static_meta.copy_(pass_metadata(segments, bucket[0], bucket[0]), non_blocking=True)
-            graph.replay()
-            # A copy of the rows wanted: the bucket's next replay overwrites its logits.
-            if len(wanted) == rows:
-                return static_logits[:rows].clone()
-            return static_logits.index_select(0, torch.tensor(wanted, device=self.model.device)) if wanted else None
+        bucket = self._bucket(rows, keys, pool)
+        width = max_depth(segments) if bucket is None else bucket[0]
+        meta = pass_metadata(segments, rows if bucket is None else bucket[0], width).numpy()
+        return PlannedPass(pool, rows, keys, bucket, meta, wanted_rows(segments))
+
+    def launch(self, planned: "PlannedPass", meta: torch.Tensor, tokens: torch.Tensor | None = None
+               ) -> torch.Tensor | None:
+        """The pass `prepare` planned, over its metadata on the device (`meta`: planned.meta's copy). tokens: the
+        first rows' tokens as a device tensor, written over the metadata's on the device (a draft round feeds each
+        pass the token its last pass chose without reading it to the host). Call within on_device()."""
+        if tokens is not None:
+            meta[TOKEN, : tokens.shape[0]].copy_(tokens)
+        wanted, rows = planned.wanted, planned.rows
+        if planned.bucket is None:
+            picked = None if len(wanted) == rows else torch.tensor(wanted, device=self.model.device)
+            return self.forward(meta, planned.pool, planned.keys, picked)
+        graph, static_meta, static_logits = self._graph(*planned.bucket, planned.pool)
+        static_meta.copy_(meta, non_blocking=True)
+        graph.replay()
+        # A copy of the rows wanted: the bucket's next replay overwrites its logits.
+        if len(wanted) == rows:
+            return static_logits[:rows].clone()
+        return static_logits.index_select(0, torch.tensor(wanted, device=self.model.device)) if wanted else None
 
     def _bucket(self, rows: int, keys: int, pool: KVPool) -> tuple[int, int] | None:
         """The captured pass (rows, keys) that runs these rows: rows and attention segments rounded up to powers

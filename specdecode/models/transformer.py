@@ -378,6 +378,15 @@ class Transformer(nn.Module):
                       attn_mask=tree_mask(start, seg.parents, self.device))
         return logits[-1:] if seg.logits == "last" else (None if seg.logits == "none" else logits)
 
+    def chain_rounds(self, rounds: list) -> list | None:
+        """Greedy draft rounds (drafters.base.ChainRound) run on the device without host reads between their passes
+        (gpu/draft_round.py); None off the GPU path, where a proposal drafts pass by pass."""
+        if self.exact_pass is None:
+            return None
+        from ..gpu.draft_round import chain_rounds
+
+        return chain_rounds(self, rounds)
+
     def _exact_group(self, segments: list[Segment]) -> list[torch.Tensor | None]:
         """The segments through the GPU path, logits as `forward` gives them: one pass per cache pool, or as many
         as keep each within the pass's row cap (ExactPass.plan: a long chain is cut into pieces)."""

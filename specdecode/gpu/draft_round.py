@@ -1,0 +1,95 @@
+"""Greedy draft rounds on the device: each draft pass fed the token the pass before chose, with no host read between.
+
+A draft model drafting K tokens pass by pass reads every pass's argmax (and its top probability, for the stop
+rule) back to the host before it can launch the next: on a GPU each read waits for the device to drain, and the
+device then waits for the host's next launch (the review of the GPU path, P1: 8 host reads per target pass). Here
+the host decides everything a round's passes need before the first one runs: each step's metadata (positions,
+cache entries: a chain's are the step's index past its start) goes to the device in one copy, the passes are
+launched back to back, each one's token written into its metadata on the device from the argmax before it, and
+the chosen tokens and their probabilities come back in one read at the end.
+
+The passes are the same passes (ExactPass.prepare/launch, the same captured graphs): a row's bits depend on its
+token, position and cache alone, so a round drafts exactly the tokens the pass-by-pass loop drafts. Several
+sequences' rounds run in lockstep (a batch's drafting): each step one pass over every round still going.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..models.transformer import Segment
+
+
+def chain_rounds(model, rounds: list) -> list[tuple[list[int], list[float]]] | None:
+    """Run the rounds (drafters.base.ChainRound) on the model's GPU path: per round its chosen tokens and their top
+    probabilities, in the rounds' order. None, with nothing run, where they cannot run as rounds (caches of
+    several pools, a step wider than one pass)."""
+    exact = model.exact_pass
+    if exact is None or not rounds or len({id(r.cache.pool) for r in rounds}) > 1:
+        return None
+    order = sorted(range(len(rounds)), key=lambda i: -rounds[i].steps)  # each step's rounds: a prefix of them
+    ordered = [rounds[i] for i in order]
+    plans = _plan_steps(exact, ordered)
+    if plans is None:
+        return None
+    with exact.on_device():
+        chosen, probs = _launch_steps(model, plans, ordered)
+        values = torch.cat([torch.cat(chosen).double(), torch.cat(probs).double()]).tolist()  # the one read
+    tokens, confidences = values[: len(values) // 2], values[len(values) // 2 :]
+    offsets = _step_offsets(ordered)
+    answers: list = [None] * len(rounds)
+    for rank, index in enumerate(order):
+        # step s holds the rounds still going at s, in their order: this round's result of step s sits at its rank
+        picked = [offsets[step] + rank for step in range(ordered[rank].steps)]
+        answers[index] = ([int(tokens[i]) for i in picked], [confidences[i] for i in picked])
+    return answers
+
+
+def _live(ordered: list, step: int) -> list[bool]:
+    return [r.steps > step for r in ordered]
+
+
+def _step_offsets(ordered: list) -> list[int]:
+    """Where each step's chosen tokens start in the rounds' flat results."""
+    offsets, total = [], 0
+    for step in range(ordered[0].steps):
+        offsets.append(total)
+        total += sum(_live(ordered, step))
+    return offsets
+
+
+def _plan_steps(exact, ordered: list):
+    """Each step's pass planned on the host (ExactPass.prepare), the caches advanced as its pass will advance
+    them; None, with the caches as they were, where a step does not fit one pass."""
+    starts = [r.cache.length for r in ordered]
+    plans = []
+    for step in range(ordered[0].steps):
+        segments = [Segment([0], r.cache, "last") for r in ordered if r.steps > step]  # tokens: set on the device
+        if len(exact.plan(segments)) > 1:
+            for r, start in zip(ordered, starts):
+                r.cache.length = start
+            return None
+        plans.append(exact.prepare(segments))
+        for seg in segments:
+            seg.cache.length += 1
+    return plans
+
+
+def _launch_steps(model, plans: list, ordered: list) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every step's pass, back to back on the device: its metadata from one copy, its first rows' tokens the
+    argmaxes of the pass before. Per step, the argmaxes and top probabilities (device tensors)."""
+    device = model.device
+    flat = np.concatenate([plan.meta.ravel() for plan in plans])
+    metas, at = [], 0
+    on_device = torch.from_numpy(flat).to(device)
+    for plan in plans:
+        metas.append(on_device[at : at + plan.meta.size].view(plan.meta.shape))
+        at += plan.meta.size
+    current = torch.tensor([r.token for r in ordered], device=device)
+    chosen, probs = [], []
+    for plan, meta in zip(plans, metas):
+        logits = model._finish_logits(model.exact_pass.launch(plan, meta, tokens=current[: plan.rows]))
+        current = logits.argmax(dim=-1)
+        chosen.append(current)
+        probs.append(torch.softmax(logits.float(), -1).amax(dim=-1))
+    return chosen, probs

@@ -1,0 +1,128 @@
+"""A greedy draft chain past its first token runs as one device round (gpu/draft_round.py): each pass fed the argmax
+of the pass before on the device, read once at the end. It must draft exactly what the pass-by-pass loop drafts
+(tokens, where the stop rule cuts, what the draft cache then holds), alone and for many sequences in lockstep,
+and the engine's output stays plain decoding's. A broken twin whose argmax feeds the wrong step must be caught."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from specdecode.batch import BatchEngine
+from specdecode.drafters.base import StopRule
+from specdecode.drafters.draft_model import DraftModelDrafter
+from specdecode.engine import Engine
+from specdecode.gpu import draft_round
+from specdecode.sampling import PositionNoise, SamplingParams
+from gpu_models import CONTEXT, tiny_target_and_draft
+from testlib import as_loaded, fake_tokenizer
+
+GREEDY = SamplingParams()
+CONTEXTS = [[17, 3, 99, 250, 3, 17, 42, 8], [5, 9, 3], [200, 201, 7, 7, 7, 7, 1, 2, 3, 4, 5]]
+
+
+@functools.lru_cache(maxsize=None)
+def models():
+    return tiny_target_and_draft()
+
+
+class CutsAtLowConfidence(StopRule):
+    """A stop rule that drops a token below 0.075 probability and ends the chain after one below 0.085 (the tiny
+    draft's top probabilities are 0.07-0.5): both of the loop's decisions then fall inside some rounds."""
+
+    def keep(self, drafted, chain_prob, confidence):
+        return confidence >= 0.075
+
+    def extend(self, drafted, chain_prob, confidence):
+        return confidence >= 0.085
+
+
+def draft_with(device_rounds: bool, rule=None, k: int = 6):
+    """Each context's drafts (tokens, confidences, passes, the cache's tokens after) from one drafter that proposes
+    for every context in turn (so later proposals reuse and roll back what the earlier ones left in the cache)."""
+    drafter = DraftModelDrafter(models()[1], CONTEXT)
+    drafter.device_rounds = device_rounds
+    out = []
+    for context in CONTEXTS + CONTEXTS[:1]:
+        draft = drafter.propose(context, k, GREEDY, PositionNoise(0), rule)
+        out.append((draft.tokens, draft.confidences, draft.forward_passes, list(drafter.cached),
+                    drafter.cache.length))
+    return out
+
+
+def rounds_match_pass_by_pass(rule=None) -> int:
+    """Checks the rounds' drafts against the loop's; returns how many chains the stop rule cut inside a round."""
+    rounds, loop = draft_with(True, rule), draft_with(False, rule)
+    cut = 0
+    for (tokens, probs, passes, cached, length), (tokens2, probs2, passes2, cached2, _) in zip(rounds, loop):
+        assert tokens == tokens2
+        assert str(probs) == str(probs2)  # the same bits (NaN where no rule reads them)
+        assert length == len(cached)
+        # the round drafts all of k: a chain cut by the stop rule leaves more fed tokens in the cache than the loop
+        assert cached[: len(cached2)] == cached2 and passes >= passes2
+        cut += 1 < len(tokens) < passes
+    return cut
+
+
+def test_a_round_drafts_what_the_pass_by_pass_loop_drafts():
+    rounds_match_pass_by_pass()
+
+
+def test_the_stop_rule_cuts_a_round_where_it_cuts_the_loop():
+    assert rounds_match_pass_by_pass(CutsAtLowConfidence()) >= 2
+
+
+def test_a_round_is_one_host_read(monkeypatch):
+    """The passes of a round read nothing back: one `tolist` for the round (the first token's reads are the loop's)."""
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.shape) or tolist(self))
+    drafter = DraftModelDrafter(models()[1], CONTEXT)
+    drafter.propose(CONTEXTS[0], 6, GREEDY, PositionNoise(0))
+    assert len(reads) == 1
+
+
+def feeds_the_token_before(model, plans, ordered):
+    """Broken twin: each pass is fed the token chosen two passes back (the round's argmax lands one step late)."""
+    device = model.device
+    metas = [torch.from_numpy(plan.meta).to(device) for plan in plans]
+    earlier = current = torch.tensor([r.token for r in ordered], device=device)
+    chosen, probs = [], []
+    for plan, meta in zip(plans, metas):
+        logits = model._finish_logits(model.exact_pass.launch(plan, meta, tokens=earlier[: plan.rows]))
+        earlier, current = current, logits.argmax(dim=-1)
+        chosen.append(current)
+        probs.append(torch.softmax(logits.float(), -1).amax(dim=-1))
+    return chosen, probs
+
+
+def test_the_check_catches_a_round_whose_argmax_feeds_the_wrong_step(monkeypatch):
+    monkeypatch.setattr(draft_round, "_launch_steps", feeds_the_token_before)
+    with pytest.raises(AssertionError):
+        rounds_match_pass_by_pass()
+
+
+@functools.lru_cache(maxsize=None)
+def engine() -> Engine:
+    target, draft = models()
+    tokenizer = fake_tokenizer(target.config.vocab_size)
+    return Engine(as_loaded(target, tokenizer, "target"), as_loaded(draft, tokenizer, "draft"), max_context=CONTEXT,
+                  check_invariants=True)
+
+
+def test_batched_rounds_draft_and_decode_as_each_request_alone(monkeypatch):
+    """Requests of a batch draft their rounds in lockstep (one pass per step for all of them): each gets its solo
+    output, which is plain decoding's, and the rounds did run."""
+    ran = []
+    chain_rounds = draft_round.chain_rounds
+    monkeypatch.setattr(draft_round, "chain_rounds", lambda model, rounds: ran.append(len(rounds))
+                        or chain_rounds(model, rounds))
+    eng = engine()
+    prompts = [c + [3] for c in CONTEXTS]
+    plain = [eng.generate(p, drafter="none", max_new_tokens=10).token_ids for p in prompts]
+    solo = [eng.generate(p, drafter="draft", k=4, max_new_tokens=10).token_ids for p in prompts]
+    batch = BatchEngine(eng, max_batch=len(prompts))
+    together = [r.token_ids for r in batch.generate_many(prompts, drafter="draft", k=4, max_new_tokens=10)]
+    assert solo == plain and together == plain
+    assert any(count > 1 for count in ran), "no round ran for several requests at once"
