@@ -45,14 +45,18 @@ DraftSteps = Generator[tuple, "torch.Tensor | None", Draft]
 
 @dataclass
 class ChainRound:
-    """`steps` greedy draft passes in a row over one sequence's draft cache: the first fed `token`, each next one
-    fed the argmax of the pass before, chosen on the device (gpu/draft_round.py). Answered with (the chosen
-    tokens, their top probabilities) read once at the end, or None where the model cannot run rounds (the
-    proposal then drafts pass by pass)."""
+    """`steps` draft passes in a row over one sequence's draft cache: the first fed `token`, each next one fed the
+    token chosen from the pass before on the device (gpu/draft_round.py): its argmax, or where `sampling` samples,
+    `noise`'s draw at the sequence position (`position` for the round's first choice, then one more a step).
+    Answered with (the chosen tokens, their top probabilities) read once at the end, or None where the model
+    cannot run rounds (the proposal then drafts pass by pass)."""
 
     cache: object
     token: int
     steps: int
+    sampling: SamplingParams = SamplingParams()
+    noise: PositionNoise | None = None
+    position: int = 0
 
 
 def run_alone(steps: DraftSteps):

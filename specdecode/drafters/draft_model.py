@@ -40,7 +40,7 @@ class DraftModelDrafter(Drafter):
         # past them, which the draft cannot read; it then drafts nothing for that sequence (outputs unchanged).
         config = getattr(model, "config", None)
         self.rows = config.vocab_size if config is not None else getattr(model, "vocab_size", None)
-        # Greedy chains past their first token drafted in one device round (gpu/draft_round.py), on the GPU path
+        # Chains past their first token drafted in one device round (gpu/draft_round.py), on the GPU path
         self.device_rounds = getattr(model, "exact_pass", None) is not None
 
     @property
@@ -117,8 +117,9 @@ class DraftModelDrafter(Drafter):
             confidences.append(confidence)
             if len(tokens) >= k or (rule is not None and not rule.extend(len(tokens), chain_prob, confidence)):
                 break
-            if probs_row is None and self.device_rounds:
-                answer = yield self.model, ChainRound(self.cache, token, k - len(tokens))
+            if self.device_rounds:
+                answer = yield self.model, ChainRound(self.cache, token, k - len(tokens), sampling, noise,
+                                                      len(context) + len(tokens))
                 if answer is not None:
                     passes += self._take_round(token, answer, tokens, confidences, k, rule, chain_prob)
                     break

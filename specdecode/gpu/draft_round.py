@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from ..models.transformer import Segment
+from ..sampling import probabilities
+from . import noise_kernel
 
 
 def chain_rounds(model, rounds: list) -> list[tuple[list[int], list[float]]] | None:
@@ -36,6 +38,8 @@ def chain_rounds(model, rounds: list) -> list[tuple[list[int], list[float]]] | N
         chosen, probs = _launch_steps(model, plans, ordered)
         values = torch.cat([torch.cat(chosen).double(), torch.cat(probs).double()]).tolist()  # the one read
     tokens, confidences = values[: len(values) // 2], values[len(values) // 2 :]
+    if any(token < 0 for token in tokens):  # a sampled row without mass: as PositionNoise.choose refuses it
+        raise ValueError("sampling from a distribution with no mass")
     offsets = _step_offsets(ordered)
     answers: list = [None] * len(rounds)
     for rank, index in enumerate(order):
@@ -86,10 +90,40 @@ def _launch_steps(model, plans: list, ordered: list) -> tuple[list[torch.Tensor]
         metas.append(on_device[at : at + plan.meta.size].view(plan.meta.shape))
         at += plan.meta.size
     current = torch.tensor([r.token for r in ordered], device=device)
+    draws = _draws(ordered, device)
     chosen, probs = [], []
-    for plan, meta in zip(plans, metas):
+    for step, (plan, meta) in enumerate(zip(plans, metas)):
         logits = model._finish_logits(model.exact_pass.launch(plan, meta, tokens=current[: plan.rows]))
-        current = logits.argmax(dim=-1)
+        current = _choose(logits, ordered, step, draws)
         chosen.append(current)
         probs.append(torch.softmax(logits.float(), -1).amax(dim=-1))
     return chosen, probs
+
+
+def _draws(ordered: list, device) -> tuple[list[int], torch.Tensor] | None:
+    """The sampled rounds' ranks and, on the device in one copy, [3, steps, ranks]: each step's noise keys,
+    positions (a round's draw at step s is at its position + s) and the ranks themselves (the rows its draws go
+    to). None where every round is greedy."""
+    sampled = [rank for rank, r in enumerate(ordered) if not r.sampling.greedy]
+    if not sampled:
+        return None
+    steps = ordered[0].steps
+    keys = [[ordered[rank].noise.key_bits for rank in sampled]] * steps
+    positions = [[ordered[rank].position + step for rank in sampled] for step in range(steps)]
+    return sampled, torch.tensor([keys, positions, [sampled] * steps], dtype=torch.int64).to(device)
+
+
+def _choose(logits: torch.Tensor, ordered: list, step: int, draws) -> torch.Tensor:
+    """Each row's next token on the device: its argmax, or its sampled round's draw (each row's probabilities
+    processed alone, as the pass-by-pass loop processes its one row, then raced on the device)."""
+    current = logits.argmax(dim=-1)
+    if draws is None:
+        return current
+    sampled, table = draws
+    live = [rank for rank in sampled if rank < logits.shape[0]]  # the rounds still going are the first rows
+    if not live:
+        return current
+    probs = torch.cat([probabilities(logits[rank : rank + 1], ordered[rank].sampling) for rank in live])
+    count = len(live)  # the sampled ranks ascend: the live ones are the first of them
+    drawn = noise_kernel.choose_rows(probs, table[0, step, :count], table[1, step, :count])
+    return current.index_copy(0, table[2, step, :count], drawn)

@@ -19,6 +19,7 @@ from gpu_models import CONTEXT, tiny_target_and_draft
 from testlib import as_loaded, fake_tokenizer
 
 GREEDY = SamplingParams()
+SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, seed=11)
 CONTEXTS = [[17, 3, 99, 250, 3, 17, 42, 8], [5, 9, 3], [200, 201, 7, 7, 7, 7, 1, 2, 3, 4, 5]]
 
 
@@ -38,22 +39,22 @@ class CutsAtLowConfidence(StopRule):
         return confidence >= 0.085
 
 
-def draft_with(device_rounds: bool, rule=None, k: int = 6):
+def draft_with(device_rounds: bool, rule=None, k: int = 6, sampling: SamplingParams = GREEDY):
     """Each context's drafts (tokens, confidences, passes, the cache's tokens after) from one drafter that proposes
     for every context in turn (so later proposals reuse and roll back what the earlier ones left in the cache)."""
     drafter = DraftModelDrafter(models()[1], CONTEXT)
     drafter.device_rounds = device_rounds
     out = []
     for context in CONTEXTS + CONTEXTS[:1]:
-        draft = drafter.propose(context, k, GREEDY, PositionNoise(0), rule)
+        draft = drafter.propose(context, k, sampling, PositionNoise(7), rule)
         out.append((draft.tokens, draft.confidences, draft.forward_passes, list(drafter.cached),
                     drafter.cache.length))
     return out
 
 
-def rounds_match_pass_by_pass(rule=None) -> int:
+def rounds_match_pass_by_pass(rule=None, sampling: SamplingParams = GREEDY) -> int:
     """Checks the rounds' drafts against the loop's; returns how many chains the stop rule cut inside a round."""
-    rounds, loop = draft_with(True, rule), draft_with(False, rule)
+    rounds, loop = draft_with(True, rule, sampling=sampling), draft_with(False, rule, sampling=sampling)
     cut = 0
     for (tokens, probs, passes, cached, length), (tokens2, probs2, passes2, cached2, _) in zip(rounds, loop):
         assert tokens == tokens2
@@ -65,8 +66,10 @@ def rounds_match_pass_by_pass(rule=None) -> int:
     return cut
 
 
-def test_a_round_drafts_what_the_pass_by_pass_loop_drafts():
-    rounds_match_pass_by_pass()
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_round_drafts_what_the_pass_by_pass_loop_drafts(sampling):
+    """Sampled: the round's draws race on the device (gpu/noise_kernel.py), the loop's on the host."""
+    rounds_match_pass_by_pass(sampling=sampling)
 
 
 def test_the_stop_rule_cuts_a_round_where_it_cuts_the_loop():
@@ -111,18 +114,20 @@ def engine() -> Engine:
                   check_invariants=True)
 
 
-def test_batched_rounds_draft_and_decode_as_each_request_alone(monkeypatch):
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_batched_rounds_draft_and_decode_as_each_request_alone(sampling, monkeypatch):
     """Requests of a batch draft their rounds in lockstep (one pass per step for all of them): each gets its solo
-    output, which is plain decoding's, and the rounds did run."""
+    output, which is plain decoding's (seeded: the seeded plain text), and the rounds did run."""
     ran = []
     chain_rounds = draft_round.chain_rounds
     monkeypatch.setattr(draft_round, "chain_rounds", lambda model, rounds: ran.append(len(rounds))
                         or chain_rounds(model, rounds))
     eng = engine()
     prompts = [c + [3] for c in CONTEXTS]
-    plain = [eng.generate(p, drafter="none", max_new_tokens=10).token_ids for p in prompts]
-    solo = [eng.generate(p, drafter="draft", k=4, max_new_tokens=10).token_ids for p in prompts]
+    settings = dict(max_new_tokens=10, sampling=sampling)
+    plain = [eng.generate(p, drafter="none", **settings).token_ids for p in prompts]
+    solo = [eng.generate(p, drafter="draft", k=4, **settings).token_ids for p in prompts]
     batch = BatchEngine(eng, max_batch=len(prompts))
-    together = [r.token_ids for r in batch.generate_many(prompts, drafter="draft", k=4, max_new_tokens=10)]
+    together = [r.token_ids for r in batch.generate_many(prompts, drafter="draft", k=4, **settings)]
     assert solo == plain and together == plain
     assert any(count > 1 for count in ran), "no round ran for several requests at once"
