@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from . import pass_timings
+from . import accept, pass_timings
 from .batch_draft import draft_together
 from .batch_plan import trim_drafts
 from .drafters.base import Draft, Drafter
@@ -98,9 +98,13 @@ class BatchEngine:
     goes on whatever the text says (Generation.event_can_wait); by default where the target's passes run on a
     GPU, which returns from a pass once it is launched. On a CPU the pass is the host's own work: nothing to
     overlap, and the events would only come a pass later.
+    device_verdicts: judge the pass's greedy chains together where their logits are (accept.py: one comparison for
+    all, two integers a request read back) instead of each on the host from its argmaxes; by default on the GPU
+    path, where each host operation and read is one the device waits for. The verdicts are the same either way.
     """
 
-    def __init__(self, engine: Engine, max_batch: int = 8, prefill_rows: int = 64, overlap: bool | None = None):
+    def __init__(self, engine: Engine, max_batch: int = 8, prefill_rows: int = 64, overlap: bool | None = None,
+                 device_verdicts: bool | None = None):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.engine = engine
@@ -112,7 +116,10 @@ class BatchEngine:
         self.passes = 0
         self.draft_passes = 0  # the draft model's passes, each for every request drafting with it
         self.last_rows = self.last_batch = 0  # rows and requests of the latest pass (metrics)
-        self.overlap = engine.target.model.device.type == "cuda" if overlap is None else overlap
+        model = engine.target.model
+        self.overlap = model.device.type == "cuda" if overlap is None else overlap
+        on_gpu_path = model.device.type == "cuda" or getattr(model, "exact_pass", None) is not None
+        self.device_verdicts = on_gpu_path if device_verdicts is None else device_verdicts
         self.unpublished: dict[Ticket, None] = {}  # running requests whose last step's event waits for the next pass
 
     # ------------------------------------------------------------------ the public face
@@ -209,12 +216,12 @@ class BatchEngine:
         if not reads:
             self.engine.tuner.costs.record_target(rows, seconds)
         solo = len(segments) == 1
-        choices = argmax_together([t.generation for t in planned], logits)
-        for ticket, seg, out, start, choice in zip(planned, segments, logits, starts, choices):
+        choices, verdicts = greedy_together([t.generation for t in planned], logits, self.device_verdicts)
+        for ticket, seg, out, start, choice, verdict in zip(planned, segments, logits, starts, choices, verdicts):
             # Each request's share of the pass, by its rows: what its verify time is taken to be (its tuning
             # judges drafting by it; the pass's cost by its total rows is recorded above).
             share = seconds if solo else seconds * seg.rows / rows
-            self._apply(ticket, out, start, share, solo, choice)
+            self._apply(ticket, out, start, share, solo, choice, verdict)
         for ticket, chunk in reads:
             self._isolated(ticket, self._read, ticket, chunk)
         self._retire()
@@ -272,13 +279,13 @@ class BatchEngine:
             self._emit(ticket, generation.end_now("length"))
         return proposal
 
-    def _apply(self, ticket: Ticket, logits, start: int, seconds: float, solo: bool, choice=None) -> None:
+    def _apply(self, ticket: Ticket, logits, start: int, seconds: float, solo: bool, choice=None, verdict=None) -> None:
         """The request's verdict on its own rows; its event now, or with the next pass (overlap). A failure there
         (something its own settings met) ends that request only: the other requests' rows were computed apart, and
         their verdicts are theirs."""
         generation = ticket.generation
         try:
-            generation.settle(logits, start, seconds, solo=solo, choice=choice)
+            generation.settle(logits, start, seconds, solo=solo, choice=choice, verdict=verdict)
             if self.overlap and generation.event_can_wait:
                 self.unpublished[ticket] = None
             else:
@@ -410,18 +417,27 @@ class BatchEngine:
             self.engine.prefilled(ticket.generation)
 
 
-def argmax_together(generations: list, logits: list) -> list:
-    """Per generation, its rows' argmaxes where its verdict reads nothing else (judges_by_argmax), else None; all
-    of them computed and read back to the host at once. On a GPU each read is a sync that waits for the device to
-    drain, and each launch costs the host microseconds: one of each per pass instead of per request. An argmax takes
-    no arithmetic, so a row's choice is the same bits either way."""
+def greedy_together(generations: list, logits: list, on_device: bool) -> tuple[list, list]:
+    """Per generation whose verdict reads nothing but its rows' argmaxes (judges_by_argmax), what the pass reads for
+    it at once: (choices, verdicts), each a list with None where there is nothing. On a GPU each read is a sync that
+    waits for the device to drain, and each launch costs the host microseconds: one argmax and one read per pass
+    instead of per request. on_device: greedy chains get their Verdict, judged together where the logits are
+    (accept.py), trees their argmaxes; otherwise each gets its argmaxes and judges on the host. An argmax takes no
+    arithmetic and the comparison only integers, so a verdict is the same bits either way."""
     wanted = [i for i, (generation, out) in enumerate(zip(generations, logits))
               if out is not None and generation.judges_by_argmax]
     choices: list = [None] * len(generations)
+    verdicts: list = [None] * len(generations)
     if len(wanted) < 2:
-        return choices  # alone, a request reads its own argmaxes as Engine.stream does
-    # one argmax over all their rows: on a GPU two launches for the pass, not one per request
-    picked, start = torch.cat([logits[i] for i in wanted]).argmax(dim=-1).tolist(), 0
-    for i in wanted:
-        choices[i], start = picked[start : start + logits[i].shape[0]], start + logits[i].shape[0]
-    return choices
+        return choices, verdicts  # alone, a request reads its own argmaxes as Engine.stream does
+    rows, firsts = accept.one_tensor([logits[i] for i in wanted])  # one tensor: one argmax launch for all
+    first_of = dict(zip(wanted, firsts))
+    chains = [i for i in wanted if on_device and not generations[i].draft.is_tree]
+    walked = [i for i in wanted if not (on_device and not generations[i].draft.is_tree)]  # judged on the host
+    judged, picked = accept.greedy_verdicts(rows, [first_of[i] for i in chains],
+                                            [generations[i].draft.tokens for i in chains], argmaxes=bool(walked))
+    for i, verdict in zip(chains, judged):
+        verdicts[i] = verdict
+    for i in walked:
+        choices[i] = picked[first_of[i] : first_of[i] + logits[i].shape[0]]
+    return choices, verdicts

@@ -21,6 +21,7 @@ from .step import StepResult, block_segment, finish_step, judge_block
 from .text import Stopper, TextStep
 from .tuner import GenerationTuning
 from .tuning_params import DEFAULT as DEFAULT_TUNING, TuningParams
+from .verify import Verdict
 
 
 @dataclass
@@ -113,11 +114,13 @@ class Generation:
         self.settle(logits, start, verify_seconds, solo, choice)
         return self.publish()
 
-    def settle(self, logits, start: int, verify_seconds: float, solo: bool, choice: list[int] | None = None) -> None:
+    def settle(self, logits, start: int, verify_seconds: float, solo: bool, choice: list[int] | None = None,
+               verdict: Verdict | None = None) -> None:
         """`apply` but the text: everything the next step needs (the verdict, the caches rolled back, the tuning,
-        the statistics, and whether the tokens ended the answer). `publish` then hands out the step's event."""
+        the statistics, and whether the tokens ended the answer). `publish` then hands out the step's event.
+        verdict: a greedy chain's verdict where the pass judged it already (accept.py)."""
         judged = judge_block(logits, self.slot.cache, start, self.sequence, self.draft, self.sampling, self.noise,
-                             self.controls, choice)
+                             self.controls, choice, verdict)
         step = finish_step(self.drafter, self.sequence, judged, self.draft, self.draft_seconds, verify_seconds,
                            self.controls)
         self.acceptance_record.judged(len(judged.accepted))

@@ -19,7 +19,7 @@ from .controls import RowControls, TokenLogprob, record_logprobs
 from .drafters.base import Draft, Drafter, DraftSteps, run_alone
 from .models.transformer import Segment, tree_mask, tree_positions
 from .sampling import PositionNoise, SamplingParams
-from .verify import verify_chain, verify_greedy, verify_sampling, verify_tree_greedy
+from .verify import Verdict, verify_chain, verify_greedy, verify_sampling, verify_tree_greedy
 
 
 @dataclass
@@ -132,10 +132,11 @@ def judges_by_argmax(draft: Draft, sampling: SamplingParams, controls: RowContro
 
 def judge_block(logits: torch.Tensor, cache: KVCache, start: int, sequence: list[int], draft: Draft,
                 sampling: SamplingParams, noise: PositionNoise, controls: RowControls | None = None,
-                choice: list[int] | None = None) -> Judged:
+                choice: list[int] | None = None, verdict: Verdict | None = None) -> Judged:
     """From the target's logits of a block (written to the cache at `start`): the accepted draft tokens and
     the target's next token; the cache is rolled back to the accepted path. choice: the rows' argmaxes, read
-    already (only where judges_by_argmax)."""
+    already (only where judges_by_argmax). verdict: a greedy chain's verdict, judged already on the device with
+    other requests' (accept.py; only where judges_by_argmax)."""
     if draft.is_tree:  # (Engine.request refuses trees where controls shape the rows)
         path, next_token = verify_tree_greedy(logits, draft.tokens, draft.parents, choice)
         cache.compact(start, [0] + path)  # keep the keys/values of the accepted branch, in order
@@ -143,7 +144,9 @@ def judge_block(logits: torch.Tensor, cache: KVCache, start: int, sequence: list
         accepted = [block[i] for i in path]
         # Row j scores the token after node j: the path's rows score its tokens, the last one the next token.
         return Judged(accepted, next_token, _logprobs(logits[[0] + path], accepted + [next_token], controls))
-    if controls is not None and controls.spec.shapes_rows:
+    if verdict is not None:
+        pass  # judged with the pass's other greedy chains (batch.py)
+    elif controls is not None and controls.spec.shapes_rows:
         verdict = verify_chain(logits, draft.tokens, controls, sampling, noise, position=len(sequence))
     elif sampling.greedy:
         verdict = verify_greedy(logits, draft.tokens, choice)

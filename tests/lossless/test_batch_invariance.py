@@ -155,10 +155,12 @@ def smollm2_engine():
     return engine
 
 
-@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded"])
-def test_eight_requests_arriving_at_any_moment_get_their_solo_output(smollm2_engine, sampled):
+@pytest.mark.parametrize("sampled,device_verdicts", [(False, False), (True, False), (False, True)],
+                         ids=["greedy", "seeded", "greedy-device-verdicts"])
+def test_eight_requests_arriving_at_any_moment_get_their_solo_output(smollm2_engine, sampled, device_verdicts):
     """The real smollm2 (int8): 8 prompts, mixed drafters, staggered arrival into one batch; each request's
-    tokens equal the same request run alone with plain decoding."""
+    tokens equal the same request run alone with plain decoding. device_verdicts: the greedy chains judged together
+    (accept.py, the GPU path's default)."""
     from specdecode.batch import BatchEngine
     from specdecode.sampling import SamplingParams
 
@@ -169,7 +171,7 @@ def test_eight_requests_arriving_at_any_moment_get_their_solo_output(smollm2_eng
         return dict(drafter=DRAFTERS[i % len(DRAFTERS)], max_new_tokens=40, sampling=sampling, namespace=f"c{i % 3}")
 
     solo = [engine.generate(p, **{**settings_for(i), "drafter": "none"}) for i, p in enumerate(CHAT_PROMPTS)]
-    batch = BatchEngine(engine, max_batch=8, prefill_rows=16)
+    batch = BatchEngine(engine, max_batch=8, prefill_rows=16, device_verdicts=device_verdicts)
     results = staggered(batch, CHAT_PROMPTS, settings_for)
     for i, (alone_result, got) in enumerate(zip(solo, results)):
         assert got.token_ids == alone_result.token_ids, f"request {i} ({settings_for(i)['drafter']}) changed in the batch"
