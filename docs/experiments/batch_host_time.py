@@ -12,9 +12,14 @@ verdicts, stop checks, detokenizing, events. Prints the median of the runs after
 once): pass_timings.wait_for_device then waits until D ms after the launch. A pass then costs D plus the host work
 that cannot overlap the device; --overlap on/off says whether the batch publishes events during the next pass.
 
+--verdicts host|device|both: the greedy verdicts judged per request on the host from the argmaxes (the CPU's
+default), or together by accept.py (the GPU path's default; here its torch reference on the CPU); both alternates
+the two in one process, run by run, and prints each (the comparison to trust on these machines).
+
     .venv/bin/python docs/experiments/batch_host_time.py                          # host time per pass and request
     .venv/bin/python docs/experiments/batch_host_time.py --device-ms 2 --overlap on   # a pass's wall time beyond D
     .venv/bin/python docs/experiments/batch_host_time.py --profile tottime        # and a profile of the last run
+    .venv/bin/python docs/experiments/batch_host_time.py --verdicts both          # host vs device verdicts
 """
 import argparse
 import cProfile
@@ -37,6 +42,7 @@ parser.add_argument("--device-ms", type=float, default=0.0)
 parser.add_argument("--overlap", choices=["on", "off"], default="off")
 parser.add_argument("--freeze", action="store_true", help="gc.freeze() once the models are loaded")
 parser.add_argument("--profile", nargs="?", const="cumulative", help="profile the last run, sorted by this")
+parser.add_argument("--verdicts", choices=["host", "device", "both"], default="host")
 args = parser.parse_args()
 
 engine, _ = build_engine(EngineOptions(model="smollm2-135m"))
@@ -68,30 +74,38 @@ if args.freeze:
 engine.target.model.forward_batch = stub_pass
 pass_timings.wait_for_device = wait_for_device
 prompts = [torch.randint(100, 20000, (32,), generator=gen).tolist() for _ in range(REQUESTS)]
-batch = BatchEngine(engine, max_batch=REQUESTS, prefill_rows=256, overlap=args.overlap == "on")
-publish, published = batch._publish, [0.0]
+modes = ["host", "device"] if args.verdicts == "both" else [args.verdicts]
+batches = {mode: BatchEngine(engine, max_batch=REQUESTS, prefill_rows=256, overlap=args.overlap == "on",
+                             device_verdicts=mode == "device") for mode in modes}
+published = [0.0]
 
 
-def timed_publish():  # the events handed out while the device runs the next pass (overlap on)
-    t0 = time.perf_counter()
-    publish()
-    published[0] += time.perf_counter() - t0
+def timed(publish):  # the events handed out while the device runs the next pass (overlap on)
+    def timed_publish():
+        t0 = time.perf_counter()
+        publish()
+        published[0] += time.perf_counter() - t0
+    return timed_publish
 
 
-batch._publish = timed_publish
-profile, runs = cProfile.Profile(), []
+for batch in batches.values():
+    batch._publish = timed(batch._publish)
+profile, runs, hidden = cProfile.Profile(), {mode: [] for mode in modes}, {}
 for run in range(args.runs):
-    if run == args.runs - 1 and args.profile:
-        profile.enable()
-    passes, started, published[0] = batch.passes, time.perf_counter(), 0.0
-    batch.generate_many(prompts, drafter="none", max_new_tokens=TOKENS)
-    runs.append((time.perf_counter() - started) / (batch.passes - passes) - args.device_ms / 1e3)
-    hidden = published[0] / (batch.passes - passes)
-    profile.disable()
-seconds = statistics.median(runs[1:])
-print(f"{REQUESTS} requests, overlap {args.overlap}, device pass {args.device_ms} ms: "
-      f"{seconds * 1e3:.2f} ms of host time per pass beyond the device's, {seconds / REQUESTS * 1e6:.1f} us per request "
-      f"(median of {len(runs) - 1} runs: {' '.join(f'{r / REQUESTS * 1e6:.0f}' for r in runs[1:])}); "
-      f"events published during a pass: {hidden / REQUESTS * 1e6:.1f} us per request (last run)")
+    for mode, batch in batches.items():
+        if run == args.runs - 1 and args.profile and mode == modes[-1]:
+            profile.enable()
+        passes, started, published[0] = batch.passes, time.perf_counter(), 0.0
+        batch.generate_many(prompts, drafter="none", max_new_tokens=TOKENS)
+        runs[mode].append((time.perf_counter() - started) / (batch.passes - passes) - args.device_ms / 1e3)
+        hidden[mode] = published[0] / (batch.passes - passes)
+        profile.disable()
+for mode in modes:
+    timings = runs[mode][1:] or runs[mode]
+    seconds = statistics.median(timings)
+    print(f"{REQUESTS} requests, {mode} verdicts, overlap {args.overlap}, device pass {args.device_ms} ms: "
+          f"{seconds * 1e3:.2f} ms of host time per pass beyond the device's, {seconds / REQUESTS * 1e6:.1f} us per "
+          f"request (median of {len(timings)} runs: {' '.join(f'{r / REQUESTS * 1e6:.0f}' for r in timings)}); "
+          f"events published during a pass: {hidden[mode] / REQUESTS * 1e6:.1f} us per request (last run)")
 if args.profile:
     pstats.Stats(profile).sort_stats(args.profile).print_stats(30)
