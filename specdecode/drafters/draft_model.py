@@ -26,6 +26,16 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return i
 
 
+def top_choice(logits: torch.Tensor, confidence: bool, argmax: bool) -> tuple[float, int | None]:
+    """The row's top probability (NaN where not asked) and argmax (None where not asked), read to the host at once:
+    on a GPU each read waits for the device."""
+    wanted = ([torch.softmax(logits.float(), -1).max().double()] if confidence else []) + \
+        ([logits.argmax().double()] if argmax else [])
+    values = torch.stack(wanted).tolist() if wanted else []
+    top = values.pop(0) if confidence else float("nan")
+    return top, (int(values[0]) if argmax else None)
+
+
 class DraftModelDrafter(Drafter):
     name = "draft"
     traits = DrafterTraits(stop_rule=True, reads_prompt=True)
@@ -105,14 +115,13 @@ class DraftModelDrafter(Drafter):
         rule = stop_rule
         while True:
             probs_row = probabilities(logits[None], sampling)[0] if not sampling.greedy else None
+            confidence, token = top_choice(logits, rule is not None, probs_row is None)
             if rule is not None:
-                confidence = float(torch.softmax(logits.float(), -1).max())
                 if not rule.keep(len(tokens), chain_prob, confidence):
                     break
                 chain_prob *= rule.acceptance(confidence)
-            else:
-                confidence = float("nan")
-            token = int(logits.argmax()) if probs_row is None else noise.choose(probs_row, len(context) + len(tokens))
+            if probs_row is not None:
+                token = noise.choose(probs_row, len(context) + len(tokens))
             tokens.append(token)
             confidences.append(confidence)
             if len(tokens) >= k or (rule is not None and not rule.extend(len(tokens), chain_prob, confidence)):

@@ -76,14 +76,15 @@ def test_the_stop_rule_cuts_a_round_where_it_cuts_the_loop():
     assert rounds_match_pass_by_pass(CutsAtLowConfidence()) >= 2
 
 
-def test_a_round_is_one_host_read(monkeypatch):
-    """The passes of a round read nothing back: one `tolist` for the round (the first token's reads are the loop's)."""
+def test_a_proposal_is_two_host_reads(monkeypatch):
+    """A proposal of 6 tokens reads the device twice: its first token with its probability, then the round (the
+    passes of a round read nothing back). Pass by pass it read twice a token."""
     reads = []
     tolist = torch.Tensor.tolist
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.shape) or tolist(self))
     drafter = DraftModelDrafter(models()[1], CONTEXT)
-    drafter.propose(CONTEXTS[0], 6, GREEDY, PositionNoise(0))
-    assert len(reads) == 1
+    drafter.propose(CONTEXTS[0], 6, GREEDY, PositionNoise(0), CutsAtLowConfidence())
+    assert len(reads) == 2
 
 
 def feeds_the_token_before(model, plans, ordered):
