@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import PositionNoise, SamplingParams, probabilities
+from .sampling import PositionNoise, SamplingParams, choose_rows, probabilities
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: list[int], choice: 
 
 
 def verify_sampling(
-    target_logits: torch.Tensor, draft_tokens: list[int], params: SamplingParams, noise: PositionNoise, position: int
+    target_logits: torch.Tensor, draft_tokens: list[int], params: SamplingParams, noise: PositionNoise, position: int,
+    device_kernel: bool | None = None,
 ) -> Verdict:
     """target_logits [K+1, V]: row i scores sequence position `position + i`.
 
@@ -48,13 +49,33 @@ def verify_sampling(
     token, whatever was drafted and however; the first differing draw is the correction, and when all K
     match, the next draw is the bonus token. Each row is processed on its own, as plain decoding
     processes its single row, and rows after the first mismatch are never processed.
+
+    device_kernel (None: where the logits are on a GPU): every row's draw at once on the device instead, read in
+    one transfer (`draws_together`), the same tokens.
     """
+    if target_logits.is_cuda if device_kernel is None else device_kernel:
+        return draws_together(target_logits, draft_tokens, params, noise, position)
     for i, proposed in enumerate(draft_tokens):
         wanted = noise.choose(probabilities(target_logits[i : i + 1], params)[0], position + i)
         if proposed != wanted:
             return Verdict(i, wanted)
     k = len(draft_tokens)
     return Verdict(k, noise.choose(probabilities(target_logits[k : k + 1], params)[0], position + k))
+
+
+def draws_together(target_logits: torch.Tensor, draft_tokens: list[int], params: SamplingParams,
+                   noise: PositionNoise, position: int) -> Verdict:
+    """verify_sampling's verdict from every row's draw raced together on the device (sampling.choose_rows: the
+    Triton kernel) and read once: on a GPU a read per row waits for the device each time. Each row is still
+    processed on its own, so its draw is the one verify_sampling (and plain decoding) makes; a row without mass
+    fails only where verify_sampling would reach it."""
+    rows = len(draft_tokens) + 1
+    probs = torch.cat([probabilities(target_logits[i : i + 1], params) for i in range(rows)])
+    drawn = choose_rows(probs, [position + i for i in range(rows)], [noise] * rows, device_kernel=True).tolist()
+    verdict = verify_greedy(target_logits, draft_tokens, drawn)
+    if min(drawn[: verdict.accepted + 1]) < 0:
+        raise ValueError("sampling from a distribution with no mass")
+    return verdict
 
 
 def verify_chain(target_logits: torch.Tensor, draft_tokens: list[int], controls, params: SamplingParams,
