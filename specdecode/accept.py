@@ -68,13 +68,17 @@ def pack(firsts: list[int], drafts: list[list[int]], token_rows: bool = True) ->
 
 
 def greedy_verdicts(logits: torch.Tensor, firsts: list[int], drafts: list[list[int]], argmaxes: bool = False,
-                    method: str | None = None) -> tuple[list[Verdict], list[int] | None]:
+                    method: str | None = None, draws: tuple[list[int], torch.Tensor] | None = None
+                    ) -> tuple[list[Verdict], list[int] | None]:
     """logits [rows, V]; request i's block is rows firsts[i] .. firsts[i] + len(drafts[i]) (row j scores the token
     after block position j: its last confirmed token, then its draft). Per request its greedy Verdict (what
     verify_greedy gives on those rows), and with `argmaxes` every row's argmax too (a token tree's verdict walks
     them on the host), all from one read. method: "triton" or "torch" (default: Triton where it runs, see
-    `kernel_runs`)."""
+    `kernel_runs`). draws: (rows, tokens on the device) that stand for those rows' argmaxes: sampled chains'
+    seeded draws (batch.py), judged by the same comparison."""
     choice = logits.argmax(dim=-1)  # [rows]: one launch for every request
+    if draws is not None:
+        choice = choice.index_copy(0, _to_device(draws[0], logits.device), draws[1])
     requests = len(drafts)
     read = []
     if requests:

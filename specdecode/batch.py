@@ -31,7 +31,7 @@ from .engine import Engine, GenerationResult, Request, collect_result
 from .errors import InputError
 from .generation import Generation, StreamEvent
 from .models.transformer import Segment
-from .sampling import SamplingParams
+from .sampling import SamplingParams, choose_rows, probabilities
 from .stats import GenerationStats
 
 
@@ -418,14 +418,16 @@ class BatchEngine:
 
 
 def greedy_together(generations: list, logits: list, on_device: bool) -> tuple[list, list]:
-    """Per generation whose verdict reads nothing but its rows' argmaxes (judges_by_argmax), what the pass reads for
-    it at once: (choices, verdicts), each a list with None where there is nothing. On a GPU each read is a sync that
-    waits for the device to drain, and each launch costs the host microseconds: one argmax and one read per pass
-    instead of per request. on_device: greedy chains get their Verdict, judged together where the logits are
-    (accept.py), trees their argmaxes; otherwise each gets its argmaxes and judges on the host. An argmax takes no
-    arithmetic and the comparison only integers, so a verdict is the same bits either way."""
+    """Per generation whose verdict reads nothing but its rows' argmaxes (judges_by_argmax), or on the device its
+    rows' seeded draws (judges_by_draws), what the pass reads for it at once: (choices, verdicts), each a list
+    with None where there is nothing. On a GPU each read is a sync that waits for the device to drain, and each
+    launch costs the host microseconds: one argmax and one read per pass instead of per request. on_device: chains
+    get their Verdict, judged together where the logits are (accept.py), the sampled ones against their draws
+    raced there (each row processed alone, as verify_sampling does), trees their argmaxes; otherwise each gets its
+    argmaxes and judges on the host. An argmax takes no arithmetic, the race is the host's bits (sampling.py) and
+    the comparison only integers, so a verdict is the same either way."""
     wanted = [i for i, (generation, out) in enumerate(zip(generations, logits))
-              if out is not None and generation.judges_by_argmax]
+              if out is not None and (generation.judges_by_argmax or on_device and judges_by_draws(generation))]
     choices: list = [None] * len(generations)
     verdicts: list = [None] * len(generations)
     if len(wanted) < 2:
@@ -433,11 +435,39 @@ def greedy_together(generations: list, logits: list, on_device: bool) -> tuple[l
     rows, firsts = accept.one_tensor([logits[i] for i in wanted])  # one tensor: one argmax launch for all
     first_of = dict(zip(wanted, firsts))
     chains = [i for i in wanted if on_device and not generations[i].draft.is_tree]
-    walked = [i for i in wanted if not (on_device and not generations[i].draft.is_tree)]  # judged on the host
+    walked = [i for i in wanted if i not in chains]  # judged on the host
+    sampled = [i for i in chains if not generations[i].sampling.greedy]
     judged, picked = accept.greedy_verdicts(rows, [first_of[i] for i in chains],
-                                            [generations[i].draft.tokens for i in chains], argmaxes=bool(walked))
+                                            [generations[i].draft.tokens for i in chains], argmaxes=bool(walked),
+                                            draws=_draws(generations, logits, sampled, first_of))
     for i, verdict in zip(chains, judged):
-        verdicts[i] = verdict
+        # a draw of -1: a row without mass, which the request's own verify reports (its failure alone)
+        verdicts[i] = verdict if verdict.next_token >= 0 else None
     for i in walked:
         choices[i] = picked[first_of[i] : first_of[i] + logits[i].shape[0]]
     return choices, verdicts
+
+
+def judges_by_draws(generation) -> bool:
+    """A sampled chain nothing shapes the rows of: its verdict compares its draft with its rows' seeded draws."""
+    controls = generation.controls
+    return (not generation.sampling.greedy and not generation.draft.is_tree
+            and not (controls is not None and controls.spec.shapes_rows))
+
+
+def _draws(generations: list, logits: list, sampled: list[int], first_of: dict) -> tuple[list[int], torch.Tensor] | None:
+    """The sampled chains' rows (in the pass's tensor) and their draws on the device: each row processed alone by
+    its request's settings, all raced in one launch at the rows' sequence positions."""
+    if not sampled:
+        return None
+    probs, rows, positions, noises = [], [], [], []
+    for i in sampled:
+        generation, block = generations[i], logits[i]
+        start = len(generation.sequence)  # row j scores the token at sequence position start + j
+        for j in range(block.shape[0]):
+            probs.append(probabilities(block[j : j + 1], generation.sampling))
+            rows.append(first_of[i] + j)
+            positions.append(start + j)
+            noises.append(generation.noise)
+    device_kernel = accept.kernel_runs(probs[0].device)  # (else the host's race, row by row: the same tokens)
+    return rows, choose_rows(torch.cat(probs), positions, noises, device_kernel=device_kernel)

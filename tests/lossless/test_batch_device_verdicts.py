@@ -70,11 +70,14 @@ def test_chains_judged_together_give_each_request_its_solo_tokens(monkeypatch):
     judged, mixed = [], []  # every verdict the device gave, with its draft's length; reads that held a tree's too
     real = accept.greedy_verdicts
 
-    def spy(logits, firsts, drafts, argmaxes=False, method=None):
-        verdicts, picked = real(logits, firsts, drafts, argmaxes, method)
+    def spy(logits, firsts, drafts, argmaxes=False, method=None, draws=None):
+        verdicts, picked = real(logits, firsts, drafts, argmaxes, method, draws)
         judged.extend((len(draft), verdict.accepted) for draft, verdict in zip(drafts, verdicts))
         mixed.append(argmaxes and bool(drafts))
+        sampled.append(draws is not None)
         return verdicts, picked
+
+    sampled = []  # whether a read held a seeded request's draws
 
     monkeypatch.setattr(accept, "greedy_verdicts", spy)
     got = batched(device_verdicts=True)
@@ -83,6 +86,7 @@ def test_chains_judged_together_give_each_request_its_solo_tokens(monkeypatch):
     # the device judged drafts it accepted whole, drafts it rejected, and requests that drafted nothing
     assert any(k > 0 and a == k for k, a in judged) and any(a < k for k, a in judged) and any(k == 0 for k, _ in judged)
     assert any(mixed)  # and chains beside a tree, whose argmaxes came in the same read
+    assert any(sampled)  # and the seeded request's chains against its draws
 
 
 def test_the_host_judges_the_same():
@@ -93,3 +97,11 @@ def test_the_host_judges_the_same():
 def test_the_batch_check_catches_device_verdicts_one_row_off(twin, monkeypatch):
     monkeypatch.setattr(accept, "verdicts_torch", twin(accept.verdicts_torch))
     assert batched(device_verdicts=True) != solo()
+
+
+def test_the_batch_check_catches_draws_one_position_late(monkeypatch):
+    """The seeded request's rows raced one sequence position late (its draws are then another seed's text)."""
+    choose_rows = batch_module.choose_rows
+    monkeypatch.setattr(batch_module, "choose_rows", lambda probs, positions, noises, device_kernel=None:
+                        choose_rows(probs, [p + 1 for p in positions], noises, device_kernel))
+    assert batched(device_verdicts=True)[5] != solo()[5]
