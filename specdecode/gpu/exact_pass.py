@@ -63,6 +63,10 @@ class Tiles:
     # A check's twin, never a production choice: programs take splits and segments last to first, so that another
     # program arrives last and adds the others (the sums must not change).
     reversed: bool = False
+    # Programmatic dependent launch (Hopper and later): each kernel launches while the one before still runs and
+    # waits at its start for it to finish (triton_kernels._after_previous), hiding the gap between kernels. No value
+    # changes; off until a device run has measured it (scripts/gpu_check.py, part pdl). Not in the interpreter.
+    pdl: bool = False
 
     def split_size(self, k: int) -> int:
         """Reduction length of one split of a product over k: from k alone (about k/8, so that small row counts
@@ -116,6 +120,10 @@ class ExactPass:
         self.dot_f32 = interpreting() or self.act_dtype == torch.float32
         # Weights rebuilt from GGUF blocks are rounded to bfloat16 on their bits where Triton's conversion truncates
         self.round_by_bits = interpreting()
+        # every launch's programmatic dependent launch (Tiles.pdl: the kernels' switch and the launch's), where the
+        # device has it (compute capability 9.0 and later)
+        hopper = model.device.type == "cuda" and torch.cuda.get_device_capability(model.device)[0] >= 9
+        self.pdl = dict(PDL=True, launch_pdl=True) if tiles.pdl and hopper and not interpreting() else {}
         self.group = c.n_heads // c.n_kv_heads
         self.group_pad = max(16, triton_next_pow2(self.group))
         self.graphs = model.device.type == "cuda" if graphs is None else graphs
@@ -283,7 +291,7 @@ class ExactPass:
         x = (x * model.embed_scale if model.embed_scale is not None else x).float().contiguous()
         h = torch.empty(rows, c.hidden_size, dtype=self.act_dtype, device=x.device)
         self.k.rms_norm_kernel[(rows,)](x, model.layers[0].attn_norm, h, c.hidden_size, c.rms_norm_eps,
-                                        BLOCK=triton_next_pow2(c.hidden_size))
+                                        BLOCK=triton_next_pow2(c.hidden_size), **self.pdl)
         for index, layer in enumerate(model.layers):
             attn = self._attention(layer, index, h, meta, pool, keys)
             h = self._mlp(layer, index, x, attn)
@@ -321,7 +329,8 @@ class ExactPass:
                                                n, splits, split, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                                                KIND=p.kind, DOT_F32=self.dot_f32, ROUND_BY_BITS=self.round_by_bits,
                                                FUSE_SUM=fuse, PAIRED=gated is not None, GELU=gelu,
-                                               REVERSED=t.reversed, num_warps=t.warps, num_stages=t.stages)
+                                               REVERSED=t.reversed, num_warps=t.warps, num_stages=t.stages,
+                                               **self.pdl)
         return (summed, 1) if fuse else (part, splits)
 
     def _arrivals(self, tiles: int, device) -> torch.Tensor:
@@ -346,7 +355,7 @@ class ExactPass:
         self.k.qkv_finish_kernel[(rows, c.n_heads + 2 * c.n_kv_heads)](
             part, bias, q_norm, k_norm, cos, sin, meta[POS], meta[SLOT], meta[WRITE], q, keys, values,
             keys.stride(0), keys.stride(1), rows, c.rms_norm_eps, H=c.n_heads, HKV=c.n_kv_heads, D=c.head_dim,
-            SPLITS=splits, HAS_BIAS=layer.qkv_bias is not None, QK_NORM=layer.q_norm is not None)
+            SPLITS=splits, HAS_BIAS=layer.qkv_bias is not None, QK_NORM=layer.q_norm is not None, **self.pdl)
         return self.attend(layer, index, q, meta, pool, n_keys)
 
     def attend(self, layer, index: int, q: torch.Tensor, meta: torch.Tensor, pool: KVPool, n_keys: int
@@ -370,10 +379,10 @@ class ExactPass:
             q, keys, values, meta[SLOT], meta[POS], meta[KEYS], meta[PREFIX], depth, depth.stride(0), m, total, acc,
             out, self._arrivals(rows * c.n_kv_heads, q.device), keys.stride(0), keys.stride(1), rows, scale,
             layer.window, segments, CHUNK=t.attn_chunk, DOT_F32=self.dot_f32, FUSE_MERGE=t.fused_sums,
-            REVERSED=t.reversed, **common)
+            REVERSED=t.reversed, **common, **self.pdl)
         if not t.fused_sums:
             self.k.attention_merge_kernel[(rows, c.n_kv_heads)](m, total, acc, meta[POS], meta[KEYS], out, rows,
-                                                                layer.window, segments, **common)
+                                                                layer.window, segments, **common, **self.pdl)
         return out
 
     def _mlp(self, layer, index: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -400,7 +409,8 @@ class ExactPass:
             return act
         part, splits = self.product(h, gate_up)
         width = min(t.elementwise, triton_next_pow2(inter))
-        self.k.gated_act_kernel[(rows, -(-inter // width))](part, act, rows, inter, splits, GELU=gelu, BLOCK=width)
+        self.k.gated_act_kernel[(rows, -(-inter // width))](part, act, rows, inter, splits, GELU=gelu, BLOCK=width,
+                                                             **self.pdl)
         return act
 
     def _residual(self, product: tuple[torch.Tensor, int], x: torch.Tensor, post, norm, h: torch.Tensor) -> None:
@@ -415,13 +425,13 @@ class ExactPass:
             summed = torch.empty(1, rows, n, dtype=torch.float32, device=x.device)
             width = min(self.tiles.sum_block, triton_next_pow2(n))
             self.k.reduce_kernel[(rows, -(-n // width))](part, part, summed, rows, n, splits, HAS_BIAS=False,
-                                                         BLOCK=width)
+                                                         BLOCK=width, **self.pdl)
             part, splits = summed, 1
         block = triton_next_pow2(n)
         # More warps keep more of a row's loads in flight (fixed per model: every row is still reduced one way).
         self.k.residual_norm_kernel[(rows,)](part, x, post if post is not None else x, norm, h, rows, n, splits,
                                              c.rms_norm_eps, HAS_POST=post is not None, BLOCK=block,
-                                             num_warps=max(4, min(16, block // 256)))
+                                             num_warps=max(4, min(16, block // 256)), **self.pdl)
 
     def head_weight(self):
         """The output head a pass multiplies (a draft's subset head where it has one), in the matrices' dtype."""
@@ -437,7 +447,8 @@ class ExactPass:
         rows, n = h.shape[0], weight.shape[0]
         logits = torch.empty(rows, n, dtype=torch.float32, device=h.device)
         width = min(self.tiles.elementwise, triton_next_pow2(n))
-        self.k.reduce_kernel[(rows, -(-n // width))](part, part, logits, rows, n, splits, HAS_BIAS=False, BLOCK=width)
+        self.k.reduce_kernel[(rows, -(-n // width))](part, part, logits, rows, n, splits, HAS_BIAS=False, BLOCK=width,
+                                                     **self.pdl)
         return logits
 
     def _head_copy(self, weight: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ import os
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 # Arguments that carry a pass's row count or its keys: the row count, the ancestor table's row stride (the row
 # count), the segments a pass sizes its scratch by, and the metadata rows, views of one array at offsets of whole
@@ -49,6 +50,18 @@ def _interpreter_scalars_index() -> None:
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     _interpreter_scalars_index()
+
+
+@triton.jit
+def _after_previous(PDL: tl.constexpr):
+    """With programmatic dependent launch (Tiles.pdl; Hopper and later), a kernel's programs may start while the
+    kernel before it still runs: each waits here, before it reads or writes anything, until the kernel before has
+    finished and its writes are visible (so nothing it reads or overwrites is still in use), and lets the next
+    kernel start launching at once. Its launch overlaps this kernel's tail; no
+    value changes, since every program still runs after the one before has finished."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
 
 
 @triton.jit
@@ -226,7 +239,7 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
                           M, N, K, COL0, NT, SPLITS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, KIND: tl.constexpr, DOT_F32: tl.constexpr,
                           ROUND_BY_BITS: tl.constexpr, FUSE_SUM: tl.constexpr, PAIRED: tl.constexpr = False,
-                          GELU: tl.constexpr = False, REVERSED: tl.constexpr = False):
+                          GELU: tl.constexpr = False, REVERSED: tl.constexpr = False, PDL: tl.constexpr = False):
     """part[s, m, COL0 + n] = sum over k in split s of x[m, k] * w[n, k]: x [M, K], part float32 [SPLITS, M, NT].
     KIND 0: w [N, K] row-major (bfloat16 or float32; the other array arguments unused); a ggml type (gguf_blocks):
     w is a matrix of GGUF blocks in gguf_blocks.py's arrays, whose bfloat16 weights are rebuilt per tile, so the
@@ -241,6 +254,7 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
     dtype: the gated activation's own formula on the same sums, with no kernel of its own.
 
     REVERSED (a check's twin): the programs take the splits last to first, so another split arrives last."""
+    _after_previous(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     split = tl.program_id(2)
@@ -300,8 +314,9 @@ def _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS: tl.constexpr, BLOCK: tl
 
 @triton.jit(do_not_specialize=PASS_INTS)
 def reduce_kernel(part_ptr, bias_ptr, out_ptr, M, N, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out[m, n] = sum of the splits (+ bias): the output head's logits."""
+    _after_previous(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -319,8 +334,9 @@ def _rms(x, mask, N: tl.constexpr, eps):
 
 
 @triton.jit
-def rms_norm_kernel(x_ptr, w_ptr, h_ptr, N: tl.constexpr, eps, BLOCK: tl.constexpr):
+def rms_norm_kernel(x_ptr, w_ptr, h_ptr, N: tl.constexpr, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """h[m] = x[m] * rms(x[m]) * w, one program per row (x float32, h in the weights' dtype)."""
+    _after_previous(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -331,9 +347,10 @@ def rms_norm_kernel(x_ptr, w_ptr, h_ptr, N: tl.constexpr, eps, BLOCK: tl.constex
 
 @triton.jit(do_not_specialize=PASS_INTS)
 def residual_norm_kernel(part_ptr, x_ptr, post_w_ptr, norm_w_ptr, h_ptr, M, N: tl.constexpr, SPLITS: tl.constexpr,
-                         eps, HAS_POST: tl.constexpr, BLOCK: tl.constexpr):
+                         eps, HAS_POST: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """The end of a sublayer, one program per row: y = the product's splits summed (then RMS-normed by post_w where
     the architecture has sandwich norms), x += y in place, h = RMSNorm(x) * norm_w for the next product."""
+    _after_previous(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -348,8 +365,9 @@ def residual_norm_kernel(part_ptr, x_ptr, post_w_ptr, norm_w_ptr, h_ptr, M, N: t
 
 @triton.jit(do_not_specialize=PASS_INTS)
 def gated_act_kernel(part_ptr, out_ptr, M, INTER: tl.constexpr, SPLITS: tl.constexpr, GELU: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out[m, i] = act(gate[m, i]) * up[m, i], from the gate|up product's splits ([.., M, 2 INTER])."""
+    _after_previous(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTER
@@ -373,10 +391,11 @@ def _gated(gate, up, GELU: tl.constexpr):
 def qkv_finish_kernel(part_ptr, bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, write_ptr,
                       q_ptr, k_pool_ptr, v_pool_ptr, slot_stride, head_stride, M, eps,
                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr):
+                      HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr = False):
     """One head of one row after the QKV product: its splits summed (+ bias), per-head RMSNorm of q and k where
     the architecture has it, the rotary embedding at the row's position (half-rotation layout), then q to q_ptr
     [M, H, D] and k, v into the row's cache slot at its write position (pools [slots, HKV, max_len, D])."""
+    _after_previous(PDL)
     row = tl.program_id(0)
     head = tl.program_id(1)  # q heads, then k heads, then v heads: the product's column order
     HALF: tl.constexpr = D // 2
@@ -426,7 +445,7 @@ def attention_partial_kernel(q_ptr, k_pool_ptr, v_pool_ptr, slot_ptr, pos_ptr, k
                              anc_stride, m_ptr, l_ptr, acc_ptr, out_ptr, count_ptr, slot_stride, head_stride, M, scale,
                              WINDOW, SEGMENTS, H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
                              GROUP_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr,
-                             DOT_F32: tl.constexpr, FUSE_MERGE: tl.constexpr, REVERSED: tl.constexpr = False):
+                             DOT_F32: tl.constexpr, FUSE_MERGE: tl.constexpr, REVERSED: tl.constexpr = False, PDL: tl.constexpr = False):
     """One segment of one row's attention for the GROUP query heads of one kv head: keys at logical positions
     [s SPLIT, (s+1) SPLIT) that the row sees, in chunks of CHUNK with an online softmax; writes the segment's
     running max m, sum l and weighted values acc (float32, [M, HKV, SEGMENTS, GROUP_PAD(, D)]; SEGMENTS covers the
@@ -439,6 +458,7 @@ def attention_partial_kernel(q_ptr, k_pool_ptr, v_pool_ptr, slot_ptr, pos_ptr, k
     FUSE_MERGE: the last of a row's and kv head's segment programs to finish (an arrival count each in count_ptr,
     zero before and after the launch) merges the segments into out, in ascending order whichever program it is.
     REVERSED (a check's twin): the programs take the segments last to first, so another segment arrives last."""
+    _after_previous(PDL)
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
@@ -524,7 +544,8 @@ def _merge_segments(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, row, kv_h
 @triton.jit(do_not_specialize=PASS_INTS, do_not_specialize_on_alignment=META_POINTERS)
 def attention_merge_kernel(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, M, WINDOW, SEGMENTS,
                            H: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-                           D: tl.constexpr, SPLIT: tl.constexpr):
+                           D: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     """_merge_segments of one row and kv head (where the partial kernel does not merge them itself)."""
+    _after_previous(PDL)
     _merge_segments(m_ptr, l_ptr, acc_ptr, pos_ptr, keys_ptr, out_ptr, tl.program_id(0), tl.program_id(1), WINDOW,
                     SEGMENTS, H, HKV, GROUP, GROUP_PAD, D, SPLIT)
