@@ -455,7 +455,8 @@ def judges_by_draws(generation) -> bool:
             and not (controls is not None and controls.spec.shapes_rows))
 
 
-def _draws(generations: list, logits: list, sampled: list[int], first_of: dict) -> tuple[list[int], torch.Tensor] | None:
+def _draws(generations: list, logits: list, sampled: list[int], first_of: dict
+           ) -> tuple[list[int], torch.Tensor] | None:
     """The sampled chains' rows (in the pass's tensor) and their draws on the device: each row processed alone by
     its request's settings, all raced in one launch at the rows' sequence positions."""
     if not sampled:
