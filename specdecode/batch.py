@@ -98,9 +98,12 @@ class BatchEngine:
     goes on whatever the text says (Generation.event_can_wait); by default where the target's passes run on a
     GPU, which returns from a pass once it is launched. On a CPU the pass is the host's own work: nothing to
     overlap, and the events would only come a pass later.
-    device_verdicts: judge the pass's greedy chains together where their logits are (accept.py: one comparison for
-    all, two integers a request read back) instead of each on the host from its argmaxes; by default on the GPU
-    path, where each host operation and read is one the device waits for. The verdicts are the same either way.
+    device_verdicts: judge the pass's chains together where their logits are (accept.py: one comparison for all,
+    two integers a request read back) instead of each on the host from its argmaxes (or draws), all read at once.
+    Off by default: it costs the host more than the Python comparison it replaces (16 requests on a CPU: 34 against
+    27 us a request and pass, docs/experiments/batch_host_time.py --verdicts both), and pays only once the next
+    pass is built on the device too (not built); scripts/gpu_check.py (part verdicts) measures it on a GPU. The
+    verdicts are the same either way.
     """
 
     def __init__(self, engine: Engine, max_batch: int = 8, prefill_rows: int = 64, overlap: bool | None = None,
@@ -118,8 +121,7 @@ class BatchEngine:
         self.last_rows = self.last_batch = 0  # rows and requests of the latest pass (metrics)
         model = engine.target.model
         self.overlap = model.device.type == "cuda" if overlap is None else overlap
-        on_gpu_path = model.device.type == "cuda" or getattr(model, "exact_pass", None) is not None
-        self.device_verdicts = on_gpu_path if device_verdicts is None else device_verdicts
+        self.device_verdicts = bool(device_verdicts)
         self.unpublished: dict[Ticket, None] = {}  # running requests whose last step's event waits for the next pass
 
     # ------------------------------------------------------------------ the public face
@@ -418,16 +420,18 @@ class BatchEngine:
 
 
 def greedy_together(generations: list, logits: list, on_device: bool) -> tuple[list, list]:
-    """Per generation whose verdict reads nothing but its rows' argmaxes (judges_by_argmax), or on the device its
+    """Per generation whose verdict reads nothing but its rows' argmaxes (judges_by_argmax), or on the GPU path its
     rows' seeded draws (judges_by_draws), what the pass reads for it at once: (choices, verdicts), each a list
     with None where there is nothing. On a GPU each read is a sync that waits for the device to drain, and each
-    launch costs the host microseconds: one argmax and one read per pass instead of per request. on_device: chains
-    get their Verdict, judged together where the logits are (accept.py), the sampled ones against their draws
-    raced there (each row processed alone, as verify_sampling does), trees their argmaxes; otherwise each gets its
-    argmaxes and judges on the host. An argmax takes no arithmetic, the race is the host's bits (sampling.py) and
-    the comparison only integers, so a verdict is the same either way."""
+    launch costs the host microseconds: one argmax, one race and one read per pass instead of per request. The
+    draws: each sampled row processed alone, as verify_sampling does, then all raced in one launch and spliced over
+    their rows' argmaxes. on_device: chains get their Verdict, judged together where the logits are (accept.py),
+    trees their argmaxes; otherwise each gets its rows' choices and judges on the host. An argmax takes no
+    arithmetic, the race is the host's bits (sampling.py) and the comparison only integers, so a verdict is the
+    same either way."""
+    drawn_here = any(out is not None and draws_join(out.device) for out in logits)
     wanted = [i for i, (generation, out) in enumerate(zip(generations, logits))
-              if out is not None and (generation.judges_by_argmax or on_device and judges_by_draws(generation))]
+              if out is not None and (generation.judges_by_argmax or drawn_here and judges_by_draws(generation))]
     choices: list = [None] * len(generations)
     verdicts: list = [None] * len(generations)
     if len(wanted) < 2:
@@ -436,7 +440,7 @@ def greedy_together(generations: list, logits: list, on_device: bool) -> tuple[l
     first_of = dict(zip(wanted, firsts))
     chains = [i for i in wanted if on_device and not generations[i].draft.is_tree]
     walked = [i for i in wanted if i not in chains]  # judged on the host
-    sampled = [i for i in chains if not generations[i].sampling.greedy]
+    sampled = [i for i in wanted if not generations[i].sampling.greedy]
     judged, picked = accept.greedy_verdicts(rows, [first_of[i] for i in chains],
                                             [generations[i].draft.tokens for i in chains], argmaxes=bool(walked),
                                             draws=_draws(generations, logits, sampled, first_of))
@@ -446,6 +450,13 @@ def greedy_together(generations: list, logits: list, on_device: bool) -> tuple[l
     for i in walked:
         choices[i] = picked[first_of[i] : first_of[i] + logits[i].shape[0]]
     return choices, verdicts
+
+
+def draws_join(device) -> bool:
+    """Whether sampled chains join the pass's read: where their rows race in the device's kernel (a GPU, or the
+    interpreter's GPU path). On a CPU each request's own verify_sampling stops at its first rejected row instead
+    of racing every row over the whole vocabulary."""
+    return accept.kernel_runs(device)
 
 
 def judges_by_draws(generation) -> bool:

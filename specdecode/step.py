@@ -135,7 +135,7 @@ def judge_block(logits: torch.Tensor, cache: KVCache, start: int, sequence: list
                 choice: list[int] | None = None, verdict: Verdict | None = None) -> Judged:
     """From the target's logits of a block (written to the cache at `start`): the accepted draft tokens and
     the target's next token; the cache is rolled back to the accepted path. choice: the rows' argmaxes, read
-    already (only where judges_by_argmax). verdict: a greedy chain's verdict, judged already on the device with
+    already (only where judges_by_argmax), or a sampled chain's seeded draws (batch.judges_by_draws). verdict: a greedy chain's verdict, judged already on the device with
     other requests' (accept.py; only where judges_by_argmax)."""
     if draft.is_tree:  # (Engine.request refuses trees where controls shape the rows)
         path, next_token = verify_tree_greedy(logits, draft.tokens, draft.parents, choice)
@@ -148,8 +148,10 @@ def judge_block(logits: torch.Tensor, cache: KVCache, start: int, sequence: list
         pass  # judged with the pass's other greedy chains (batch.py)
     elif controls is not None and controls.spec.shapes_rows:
         verdict = verify_chain(logits, draft.tokens, controls, sampling, noise, position=len(sequence))
-    elif sampling.greedy:
+    elif sampling.greedy or choice is not None:  # (a sampled chain's choice: its rows' draws, batch.py)
         verdict = verify_greedy(logits, draft.tokens, choice)
+        if verdict.next_token < 0:  # a drawn row without mass, reached as verify_sampling would reach it
+            raise ValueError("sampling from a distribution with no mass")
     else:
         verdict = verify_sampling(logits, draft.tokens, sampling, noise, position=len(sequence))
     cache.truncate(start + 1 + verdict.accepted)

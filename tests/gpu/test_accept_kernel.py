@@ -55,8 +55,8 @@ def test_the_check_catches_a_kernel_one_token_off(monkeypatch):
 
 
 def test_a_batch_on_the_gpu_path_catches_a_kernel_one_token_off(monkeypatch):
-    """End to end through the Triton path (its default: device verdicts): two requests drafting with the draft
-    model get their solo tokens in one batch, and not with the kernel one token off."""
+    """End to end through the Triton path with device verdicts: two requests drafting with the draft model get
+    their solo tokens in one batch, and not with the kernel one token off."""
     from specdecode import batch as batch_module
     from specdecode.batch import BatchEngine
     from test_triton_identity import PROMPT, engine
@@ -66,8 +66,7 @@ def test_a_batch_on_the_gpu_path_catches_a_kernel_one_token_off(monkeypatch):
     solo = [eng.generate(p, drafter="none", max_new_tokens=6).token_ids for p in prompts]
 
     def batched():
-        batch = BatchEngine(eng, max_batch=2)
-        assert batch.device_verdicts
+        batch = BatchEngine(eng, max_batch=2, device_verdicts=True)
         return [r.token_ids for r in batch.generate_many(prompts, drafter="draft", k=3, max_new_tokens=6)]
 
     assert batched() == solo

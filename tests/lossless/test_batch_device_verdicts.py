@@ -1,6 +1,6 @@
-"""A batch that judges its greedy chains together where their logits are (BatchEngine device_verdicts, accept.py: the
-default on the GPU path, forced here on the CPU's int8 path through the torch reference) gives every request the
-tokens it gets alone: draft-model chains, trees (still judged on the host from their argmaxes), lookup and auto
+"""A batch that judges its chains together where their logits are (BatchEngine device_verdicts, accept.py, forced
+here on the CPU's int8 path through the torch reference; the seeded request's rows join as on the GPU path) gives
+every request the tokens it gets alone: draft-model chains, trees (still judged on the host from their argmaxes), lookup and auto
 drafts, requests that draft nothing, a seeded sampled request and a greedy one recording logprobs, arriving over
 several passes. The broken twins (a rejected draft token accepted too; the next token from the block's first row)
 must change some request's tokens. tests/gpu/test_triton_identity.py runs the Triton kernel's path the same way."""
@@ -53,6 +53,8 @@ def every_draft_verified_by_torch(monkeypatch):
     monkeypatch.setattr(batch_module, "trim_drafts", lambda *args: None)
     # the torch reference judges here, also where tests/gpu has turned Triton's interpreter on in this process
     monkeypatch.setattr(accept, "kernel_runs", lambda device: False)
+    # and the seeded request's rows join the pass's read as on the GPU path (raced on the host: the same draws)
+    monkeypatch.setattr(batch_module, "draws_join", lambda device: True)
 
 
 def batched(device_verdicts: bool) -> list[tuple[list[int], list]]:
@@ -90,6 +92,7 @@ def test_chains_judged_together_give_each_request_its_solo_tokens(monkeypatch):
 
 
 def test_the_host_judges_the_same():
+    """The chains' choices (argmaxes, the seeded request's draws) read at once and compared on the host."""
     assert batched(device_verdicts=False) == solo()
 
 
@@ -105,3 +108,4 @@ def test_the_batch_check_catches_draws_one_position_late(monkeypatch):
     monkeypatch.setattr(batch_module, "choose_rows", lambda probs, positions, noises, device_kernel=None:
                         choose_rows(probs, [p + 1 for p in positions], noises, device_kernel))
     assert batched(device_verdicts=True)[5] != solo()[5]
+    assert batched(device_verdicts=False)[5] != solo()[5]
