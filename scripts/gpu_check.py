@@ -5,6 +5,12 @@ travel), as transformers models first and then converted, so that both engines r
 - exact: rows of blocks of 1..64 rows and of a prompt chunk against single steps, bitwise; batches of 1..16
   sequences against each sequence alone; every drafter's greedy output and seeded chain drafters' output against
   plain decoding; 8 staggered batched requests against their solo outputs;
+- rounds, sampling, verdicts (issue 64, after every exactness part, before the long speed parts): a draft model's
+  proposals as device rounds against pass by pass (greedy, seeded, with a stop rule cutting inside rounds);
+  sampling's race on the device against the host's bits (its noise, its PTX, choose_rows, verify_sampling's draws
+  raced together); accept.py's verdicts and 16 batched requests with device verdicts on and off against solo plain
+  outputs. Then their speed: the draft step and K=4 / K=8 proposals in 1.5B and 7B steps, a speculative run against
+  plain; sampled plain decoding against greedy; 16 requests against one, device verdicts on and off;
 - speed: plain decoding per shape next to its bandwidth bound; verify blocks of 1..16 rows in single steps; the
   batched aggregate at 1..32 requests; the draft step in target steps; transformers' generate (static cache),
   assisted generation and prompt lookup on the same models; our products and attention against cuBLAS and SDPA.
@@ -28,8 +34,11 @@ if __name__ == "__main__" and "--tiny" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch
+import triton
+import triton.language as tl
 
 from specdecode.build import freeze_loaded_objects
+from specdecode.gpu import noise_kernel
 from specdecode.gpu.gguf_blocks import BlockWeight
 
 SHAPES = {
@@ -401,6 +410,582 @@ def check_identity(report, target, draft, strong, tiny):
         f"- 8 staggered batched requests (none/draft/lookup/suffix, half seeded) vs solo plain: "
         f"{'all identical' if staggered == solo else 'DIFFER'} ({batch.passes} shared passes)"],
         dict(ok=not bad, bad=bad))
+
+
+# ---------------------------------------------------------------------- issue 64: rounds, sampling, verdicts
+# The GPU-path work of issue 64 that no device has run: greedy and sampled draft chains as device rounds (item 2,
+# gpu/draft_round.py), sampling's exponential race on the device (item 3, gpu/noise_kernel.py), a batched pass's
+# greedy chains judged on the device (item 4, accept.py). Each part: its exactness here, its speed after every
+# part's exactness (main()).
+def met(value: float, goal: float, at_most: bool = True) -> str:
+    if value != value:  # NaN
+        return "not measured"
+    return "met" if (value <= goal if at_most else value >= goal) else "NOT met"
+
+
+class _Confidences:
+    """A stop rule that keeps every token and records the confidences it is shown past a chain's first token (the
+    tokens a round drafts), so that the chain's confidences are computed as they are where a rule reads them."""
+
+    def __init__(self):
+        from specdecode.drafters.base import StopRule
+
+        class Recording(StopRule):
+            def keep(rule, drafted, chain_prob, confidence):
+                if drafted:
+                    self.seen.append(confidence)
+                return True
+
+        self.seen: list[float] = []
+        self.rule = Recording()
+
+
+def _cut_rule(low: float, high: float):
+    """A stop rule that lets every chain past its first token (so that a round runs), then drops a token below
+    `low` and ends the chain after one below `high`: set from the draft's own confidences inside rounds, its
+    decisions fall inside some rounds."""
+    from specdecode.drafters.base import StopRule
+
+    class Cut(StopRule):
+        def keep(self, drafted, chain_prob, confidence):
+            return drafted == 0 or confidence >= low
+
+        def extend(self, drafted, chain_prob, confidence):
+            return drafted == 1 or confidence >= high
+
+    return Cut()
+
+
+class counting:
+    """Counts the calls of module.name (a function) while in the block: calls and the length of each call's
+    `arg`-th argument (how many rounds ran together, how many chains were judged together)."""
+
+    def __init__(self, module, name: str, arg: int):
+        self.module, self.name, self.arg, self.sizes = module, name, arg, []
+
+    def __enter__(self):
+        real = self.real = getattr(self.module, self.name)
+
+        def counted(*args, **kwargs):
+            answer = real(*args, **kwargs)
+            if answer is not None and len(args[self.arg]):
+                self.sizes.append(len(args[self.arg]))
+            return answer
+
+        setattr(self.module, self.name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.real)
+
+
+def _drafts(drafter, contexts, k, sampling, rule) -> list:
+    """Each context's draft from one drafter proposing for every context in turn (later proposals reuse and roll
+    back what the earlier ones left in its cache): tokens, confidences, passes, the cache's tokens and length."""
+    from specdecode.sampling import PositionNoise
+
+    drafter.reset()
+    out = []
+    for context in contexts:
+        draft = drafter.propose(context, k, sampling, PositionNoise(7), rule)
+        out.append((draft.tokens, draft.confidences, draft.forward_passes, list(drafter.cached), drafter.cache.length))
+    return out
+
+
+def check_rounds(report, draft, tiny):
+    """Item 2: a DraftModelDrafter with device rounds proposes what it proposes pass by pass (tokens, the bits of
+    the confidences a stop rule reads, where the rule cuts, what its cache holds), greedy and seeded, on the 0.5B
+    shape."""
+    from specdecode.drafters.draft_model import DraftModelDrafter
+    from specdecode.gpu import draft_round
+    from specdecode.sampling import SamplingParams
+
+    gen = torch.Generator().manual_seed(64)
+    vocab = draft.config.vocab_size
+    length = 12 if tiny else 60
+    contexts = [torch.randint(0, vocab, (length + 9 * i,), generator=gen).tolist() for i in range(2 if tiny else 4)]
+    contexts += [contexts[0]] + ([] if tiny else [contexts[0] + contexts[1][:5]])  # a repeat, an extension
+    rounds, loop = DraftModelDrafter(draft, 1024), DraftModelDrafter(draft, 1024)
+    rounds.device_rounds, loop.device_rounds = True, False
+    samplings = {"greedy": SamplingParams(), "seeded t=0.9 top_p=0.95": SamplingParams(temperature=0.9, top_p=0.95,
+                                                                                       seed=11)}
+    recorder = _Confidences()
+    _drafts(loop, contexts, 8, samplings["greedy"], recorder.rule)
+    seen = sorted(recorder.seen)
+    low, high = seen[len(seen) // 5], seen[2 * len(seen) // 5]
+    rules = {"no stop rule": None, f"a rule cutting at {low:.5g} / {high:.5g}": _cut_rule(low, high)}
+    lines = ["| sampling | stop rule | K | proposals | rounds run | chains cut inside a round | vs pass by pass |",
+             "|---|---|---|---|---|---|---|"]
+    bad, data = [], []
+    for s_name, sampling in samplings.items():
+        for r_name, rule in rules.items():
+            for k in (4,) if tiny else (4, 8):
+                with counting(draft_round, "chain_rounds", 1) as ran:
+                    got = _drafts(rounds, contexts, k, sampling, rule)
+                want = _drafts(loop, contexts, k, sampling, rule)
+                wrong = []
+                cut = 0
+                for i, ((tokens, probs, passes, cached, cache_len), (tokens2, probs2, passes2, cached2, _)) in \
+                        enumerate(zip(got, want)):
+                    if tokens != tokens2:
+                        wrong.append(f"context {i}: tokens")
+                    if str(probs) != str(probs2):  # the same bits (NaN where no rule reads them)
+                        wrong.append(f"context {i}: confidences")
+                    if cache_len != len(cached) or cached[: len(cached2)] != cached2 or passes < passes2:
+                        wrong.append(f"context {i}: cache")
+                    cut += 1 < len(tokens) < passes
+                same = not wrong
+                if not same:
+                    bad.append(f"{s_name}, {r_name}, K={k}: " + ", ".join(wrong))
+                data.append(dict(sampling=s_name, rule=r_name, k=k, rounds=len(ran.sizes), cut=cut, ok=same))
+                lines.append(f"| {s_name} | {r_name} | {k} | {len(contexts)} | {len(ran.sizes)} | {cut} |"
+                             f" {'identical' if same else 'DIFFER: ' + ', '.join(wrong[:4])} |")
+    no_rounds = all(d["rounds"] == 0 for d in data)
+    lines.append(f"\n- confidences of the greedy chains past their first token (the rule's thresholds: their 20th and"
+                 f" 40th percentiles): {len(seen)} seen, "
+                 f"min {seen[0]:.3g}, median {seen[len(seen) // 2]:.3g}, max {seen[-1]:.3g}")
+    if no_rounds:
+        lines.append("- NO ROUND RAN: the drafter drafted pass by pass both ways (no GPU path?)")
+    if not any(d["cut"] for d in data):
+        lines.append("- the rule cut no chain inside a round here (the draft's confidences too alike?): that case is"
+                     " unchecked in this run")
+    report.section("draft rounds on the device: proposals vs pass by pass (0.5B shape)", lines,
+                   dict(ok=not bad and not no_rounds, bad=bad, rows=data))
+
+
+def _draws_of(pairs, vocab, device, fusion: bool):
+    """E of every token for each (seed, position) from the device (fused multiply-adds allowed or not), and the
+    compiled kernel (its PTX)."""
+    from specdecode.sampling import PositionNoise
+
+    keys = torch.tensor([PositionNoise(seed).key_bits for seed, _ in pairs], device=device)
+    positions = torch.tensor([position for _, position in pairs], device=device)
+    out = torch.empty(len(pairs), vocab, dtype=torch.float64, device=device)
+    kernel = _draws_kernel[(len(pairs), triton.cdiv(vocab, 1024))](keys, positions, out, vocab, BLOCK=1024,
+                                                                   enable_fp_fusion=fusion)
+    return out.cpu().numpy(), kernel
+
+
+class capturing_launches:
+    """The compiled kernels of a Triton kernel launched as `kernel[grid](...)` from module.name while in the block
+    (None under the interpreter): the race kernel's own PTX, as choose_rows compiles it."""
+
+    def __init__(self, module, name: str):
+        self.module, self.name, self.compiled = module, name, []
+
+    def __enter__(self):
+        real = self.real = getattr(self.module, self.name)
+        compiled = self.compiled
+
+        class Launcher:
+            def __getitem__(self, grid):
+                launch = real[grid]
+                return lambda *a, **kw: compiled.append(launch(*a, **kw))
+
+        setattr(self.module, self.name, Launcher())
+        return self
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.real)
+
+
+def ptx_of(kernel) -> str:
+    asm = getattr(kernel, "asm", None)
+    return asm.get("ptx", "") if asm is not None else ""
+
+
+def check_sampling(report, target, tiny):
+    """Item 3 (scripts/device_noise_check.py folded in): the compiled race's noise is the host's bits over Qwen-sized
+    rows, the same kernel compiled with fused multiply-adds is not (why every launch turns fusion off), its PTX
+    divides with div.rn.f64 and holds no fma.rn.f64 (the race kernel's own too); choose_rows' tokens over 64 rows
+    are the host race's of the same probabilities; verify_sampling's draws raced together give the verdict of the
+    host's draws and of the row-by-row loop, on the 1.5B shape's logits."""
+    import numpy as np
+
+    from specdecode.sampling import PositionNoise, SamplingParams, choose_rows, probabilities
+    from specdecode.verify import Verdict, verify_sampling
+
+    device, vocab = target.device, target.config.vocab_size
+    lines, data, bad = [], {}, []
+    pairs = [(seed, position) for seed in (0, 1, 12345, 2**63 - 1) for position in (0, 7, 2**40)]
+    host = np.stack([PositionNoise(seed).exponentials(position, np.arange(vocab)) for seed, position in pairs])
+    draws, kernel = _draws_of(pairs, vocab, device, fusion=False)
+    unfused = int(np.sum(draws != host))
+    data["differing_unfused"] = unfused
+    lines.append(f"- noise E(seed, position, token) of {len(pairs)} (seed, position) pairs x {vocab} tokens, device vs"
+                 f" host, fusion off: {unfused} of {host.size} differ" + ("" if unfused == 0 else " (MUST be 0)"))
+    bad += ["noise, fusion off"] if unfused else []
+    if device.type == "cuda":
+        fused_draws, fused_kernel = _draws_of(pairs, vocab, device, fusion=True)
+        fused = int(np.sum(fused_draws != host))
+        ptx, fused_ptx = ptx_of(kernel), ptx_of(fused_kernel)
+        with capturing_launches(noise_kernel, "_race_kernel") as race:
+            choose_rows(torch.softmax(torch.randn(2, vocab, device=device), -1), [0, 1], [PositionNoise(1)] * 2)
+        race_ptx = ptx_of(race.compiled[0]) if race.compiled else ""
+        counts = dict(div=ptx.count("div.rn.f64"), fma=ptx.count("fma.rn.f64"), fused_fma=fused_ptx.count("fma.rn.f64"),
+                      race_div=race_ptx.count("div.rn.f64"), race_fma=race_ptx.count("fma.rn.f64"))
+        data.update(differing_fused=fused, ptx=counts)
+        lines.append(f"- the twin compiled with fused multiply-adds: {fused} of {host.size} differ"
+                     + (" (the check sees fusion)" if fused else " (NOT caught: this check cannot see fusion here;"
+                        " the PTX line is the guard)"))
+        ptx_ok = counts["div"] > 0 and counts["fma"] == 0 and (not race_ptx or counts["race_div"] > 0
+                                                               and counts["race_fma"] == 0)
+        race_line = (f"div.rn.f64 {counts['race_div']}, fma.rn.f64 {counts['race_fma']}" if race_ptx else
+                     "its PTX not available from this Triton's launch")
+        lines.append(f"- PTX, fusion off: div.rn.f64 {counts['div']}, fma.rn.f64 {counts['fma']}; fusion on:"
+                     f" fma.rn.f64 {counts['fused_fma']}; the race kernel as choose_rows compiles it: {race_line}:"
+                     f" {'as required' if ptx_ok else 'WRONG'}")
+        bad += [] if ptx_ok else ["PTX"]
+    gen = torch.Generator().manual_seed(3)
+    probs = torch.softmax(torch.randn(64, vocab, generator=gen) * 3, -1).to(device)
+    noises = [PositionNoise(seed) for seed in range(64)]
+    positions = list(range(1000, 1064))
+    on_device = choose_rows(probs, positions, noises, device_kernel=True).tolist()
+    on_host = choose_rows(probs.cpu(), positions, noises, device_kernel=False).tolist()
+    lines.append(f"- choose_rows, 64 rows of {vocab} (softmax of 3 x N(0, 1)), device vs host race:"
+                 f" {'same tokens' if on_device == on_host else 'DIFFERENT tokens'}")
+    bad += [] if on_device == on_host else ["choose_rows"]
+    # verify_sampling on the target's logits: drafts the host's own draws for j rows, then a wrong token
+    cache = target.new_cache(1024)
+    prompt = torch.randint(0, vocab, (40,), generator=gen).to(device)
+    target(prompt, cache, logits="none")
+    block = torch.randint(0, vocab, (7,), generator=gen).to(device)
+    logits = target(block, cache)
+    verdicts_ok, cases = True, 0
+    for params in (SamplingParams(temperature=1.0, seed=5), SamplingParams(temperature=0.7, top_p=0.9, seed=6)):
+        noise = params.noise()
+        rows = logits.shape[0]
+        processed = torch.cat([probabilities(logits[i : i + 1], params) for i in range(rows)])
+        host_draws = choose_rows(processed.cpu(), [40 + i for i in range(rows)], [noise] * rows,
+                                 device_kernel=False).tolist()
+        for accepted in (0, 2, rows - 1):
+            drafts = host_draws[:accepted] + ([(host_draws[accepted] + 1) % vocab] if accepted < rows - 1 else [])
+            want = Verdict(accepted, host_draws[accepted])
+            together = verify_sampling(logits[: len(drafts) + 1], drafts, params, noise, 40, device_kernel=True)
+            by_row = verify_sampling(logits[: len(drafts) + 1], drafts, params, noise, 40, device_kernel=False)
+            cases += 1
+            verdicts_ok &= together == want and by_row == want
+    lines.append(f"- verify_sampling on the 1.5B shape's logits ({cases} blocks: t=1.0 and t=0.7 top_p=0.9, drafts"
+                 f" the host's draws rejected first, third or accepted whole): the draws raced together and row by"
+                 f" row give the host's verdict: {'all' if verdicts_ok else 'NOT ALL'}")
+    bad += [] if verdicts_ok else ["verify_sampling"]
+    data.update(ok=not bad, bad=bad)
+    report.section("sampling's race on the device: the host's bits", lines, data)
+
+
+def random_pass(seed: int, requests: int = 6, vocab: int = 5):
+    """tests/test_accept.py's random_pass (copied: that module needs pytest, which a lent GPU may lack): (logits,
+    firsts, drafts) with blocks at random places among unjudged rows, each draft the block's argmaxes for a random
+    length, then (sometimes) one wrong token and more; a small vocabulary makes ties and chance agreements common."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [int(torch.randint(0, 7, (1,), generator=gen)) for _ in range(requests)]  # draft lengths, 0 allowed
+    gaps = [int(torch.randint(0, 3, (1,), generator=gen)) for _ in range(requests)]
+    rows = sum(shapes) + requests + sum(gaps)
+    logits = torch.randint(0, 3, (rows, vocab), generator=gen).float()  # integers: ties
+    choice = logits.argmax(dim=-1).tolist()
+    firsts, drafts, at = [], [], 0
+    for length, gap in zip(shapes, gaps):
+        at += gap
+        kept = int(torch.randint(0, length + 1, (1,), generator=gen))
+        draft = choice[at : at + kept]
+        if kept < length:
+            draft.append((choice[at + kept] + 1) % vocab)  # rejected here
+            draft += torch.randint(0, vocab, (length - kept - 1,), generator=gen).tolist()
+        firsts.append(at)
+        drafts.append(draft)
+        at += length + 1
+    return logits, firsts, drafts
+
+
+def check_verdicts(report, target, draft, tiny):
+    """Item 4: accept.py's kernel gives verify_greedy's verdicts (tests/test_accept.py's random passes, and one of
+    Qwen's vocabulary); a BatchEngine of 16 requests (draft chains greedy and seeded, a tree, lookup, suffix,
+    plain) gives each request its solo plain output with device verdicts on and off."""
+    from specdecode import accept
+    from specdecode.batch import BatchEngine
+    from specdecode.engine import Engine
+    from specdecode.gpu import draft_round
+    from specdecode.sampling import SamplingParams
+    from specdecode.verify import verify_greedy
+    from testlib import as_loaded, fake_tokenizer
+
+    device, vocab = target.device, target.config.vocab_size
+    lines, bad = [], []
+    # the kernel alone: small vocabularies (ties, chance agreements), then Qwen's with blocks of up to 40 rows
+    kernel_bad = 0
+    cases = [random_pass(seed) for seed in range(40)]  # tests/test_accept.py's cases
+    gen = torch.Generator().manual_seed(4)
+    lengths = [0, 15, 16, 3, 39, 31, 4, 4, 0, 7, 2, 1, 5, 5, 8, 4]
+    logits = torch.randn(sum(lengths) + len(lengths), vocab, generator=gen)
+    choice, firsts, drafts, at = logits.argmax(dim=-1).tolist(), [], [], 0
+    for index, length in enumerate(lengths):
+        draft_tokens = choice[at : at + length]
+        if index % 2 and length:
+            draft_tokens[length // 2] = (draft_tokens[length // 2] + 1) % vocab
+        firsts.append(at)
+        drafts.append(draft_tokens)
+        at += length + 1
+    cases.append((logits, firsts, drafts))
+    for logits, firsts, drafts in cases:
+        want = [verify_greedy(logits[f : f + len(d) + 1], d) for f, d in zip(firsts, drafts)]
+        on = logits.to(device)
+        for method in ("triton", "torch"):
+            verdicts, argmaxes = accept.greedy_verdicts(on, firsts, drafts, argmaxes=True, method=method)
+            kernel_bad += verdicts != want or argmaxes != logits.argmax(dim=-1).tolist()
+    lines.append(f"- accept.py's verdicts ({len(cases)} passes: tests/test_accept.py's 40 random ones, one of {vocab}"
+                 f" tokens with 16 requests' blocks of 1..40 rows), the Triton kernel and the torch path vs"
+                 f" verify_greedy per request: {'all equal' if not kernel_bad else f'{kernel_bad} DIFFER'}")
+    bad += ["kernel"] if kernel_bad else []
+    # the batched engine
+    tok = fake_tokenizer(vocab)
+    engine = Engine(as_loaded(target, tok, "target"), as_loaded(draft, tok, "draft"), max_context=1024)
+    requests, new = (6, 4) if tiny else (16, 32)
+    body = torch.randint(0, vocab, (30,), generator=gen).tolist()
+    prompts = [body[i:] + body[: 10 + i] + body[i:] for i in range(requests)]  # repeats: copying drafters find some
+    kinds = ["draft", "draft", "tree", "lookup", "suffix", "none", "lookup", "suffix"]  # the odd ones seeded
+    settings = [dict(drafter=kinds[i % 8], k=4, sampling=SamplingParams(temperature=0.8, top_p=0.95, seed=i)
+                     if i % 2 and kinds[i % 8] != "tree" else SamplingParams()) for i in range(requests)]
+    solo = [engine.generate(p, max_new_tokens=new, **{**s, "drafter": "none"}).token_ids
+            for p, s in zip(prompts, settings)]
+    rows = []
+    for on_device in (False, True):
+        batch = BatchEngine(engine, max_batch=requests, prefill_rows=256, device_verdicts=on_device)
+        with counting(accept, "greedy_verdicts", 2) as judged, counting(draft_round, "chain_rounds", 1) as ran:
+            tickets = [batch.submit(p, max_new_tokens=new, **s) for p, s in zip(prompts, settings)]
+            batch.run()
+        outputs = [t.result().token_ids for t in tickets]
+        stats = [t.result().stats for t in tickets]
+        wrong = [i for i, (a, b) in enumerate(zip(outputs, solo)) if a != b]
+        bad += [f"device verdicts {'on' if on_device else 'off'}: requests {wrong}"] if wrong else []
+        rows.append(f"| {'on' if on_device else 'off'} | {batch.passes} | {sum(s.drafted for s in stats)} |"
+                    f" {sum(s.accepted for s in stats)} | {len(judged.sizes)} passes, {sum(judged.sizes)} chains |"
+                    f" {len(ran.sizes)}, up to {max(ran.sizes, default=0)} sequences |"
+                    f" {'all identical' if not wrong else f'DIFFER: {wrong}'} |")
+    lines += ["", f"{requests} batched requests ({new} tokens; drafters draft/lookup/tree/suffix/none with the 0.5B"
+              " draft, half of them seeded t=0.8 top_p=0.95) vs each alone, plain:", "",
+              "| device verdicts | passes | drafted | accepted | judged on the device | draft rounds run |"
+              " vs solo plain |", "|---|---|---|---|---|---|---|", *rows, "",
+              "(the suffix drafter also copies from earlier requests, the first run's among them: the second run may"
+              " draft and accept more with the same output)"]
+    report.section("greedy verdicts on the device: the host's verdicts", lines, dict(ok=not bad, bad=bad))
+
+
+def rounds_speed(report, models, tiny):
+    """Item 2's speed: a draft step in target steps; K=4 and K=8 draft proposals as a device round and pass by
+    pass; an engine's speculative run (0.5B draft, k=4) against plain decoding on the 1.5B shape."""
+    from specdecode.drafters.base import ChainRound
+    from specdecode.drafters.draft_model import DraftModelDrafter
+    from specdecode.engine import Engine
+    from specdecode.gpu.draft_round import chain_rounds
+    from specdecode.sampling import PositionNoise, SamplingParams
+    from testlib import as_loaded, fake_tokenizer
+
+    draft, target = models["0.5b"], models["1.5b"]
+    steps = {name: block_costs(models[name], [1])[1] for name in ("0.5b", "1.5b", "7b") if name in models}
+    unit, unit7 = steps["1.5b"], steps.get("7b")
+
+    def in_steps(seconds: float) -> str:
+        return f"{seconds / unit:.2f}" + (f" / {seconds / unit7:.3f}" if unit7 else " / -")
+
+    before = 8 if QUICK else 256
+    context = torch.randint(0, draft.config.vocab_size, (before,)).tolist()
+    cache = draft.new_cache(1024)
+    draft(torch.tensor(context[:-1], device=draft.device), cache, logits="none")
+    drafter = DraftModelDrafter(draft, 1024)
+    noise = PositionNoise(3)
+    greedy, sampled = SamplingParams(), SamplingParams(temperature=1.0, seed=3)
+    lines = ["| K | what | device round | pass by pass | round / pass by pass | round in 1.5B / 7B steps |",
+             "|---|---|---|---|---|---|"]
+    data = dict(steps=steps, rows=[])
+    for k in (4,) if tiny else (4, 8):
+        def bare(sampling=greedy):
+            chain_rounds(draft, [ChainRound(cache, context[-1], k, sampling, noise, before)])
+            cache.truncate(before - 1)
+
+        rows = {f"a round of {k} passes alone, greedy (pass by pass: {k} draft steps)":
+                (timed(bare, repeats=20), k * steps["0.5b"]),
+                f"a round of {k} passes alone, sampled t=1.0": (timed(lambda: bare(sampled), repeats=20), float("nan"))}
+        for label, sampling in (("greedy", greedy), ("sampled t=1.0", sampled)):
+            per = {}
+            for on in (True, False):
+                drafter.device_rounds = on
+                per[on] = timed(lambda: drafter.propose(context, k, sampling, noise), repeats=20)
+            rows[f"a proposal of {k} tokens, {label} (its first pass, then a round of {k - 1})"] = (per[True],
+                                                                                                  per[False])
+        for what, (round_s, loop_s) in rows.items():
+            data["rows"].append(dict(k=k, what=what, round=round_s, loop=loop_s))
+            lines.append(f"| {k} | {what} | {round_s * 1e3:.3f} ms | "
+                         + ("-" if loop_s != loop_s else f"{loop_s * 1e3:.3f} ms") + " | "
+                         + ("-" if loop_s != loop_s else f"{round_s / loop_s:.2f}") + f" | {in_steps(round_s)} |")
+    drafter.device_rounds = True
+    proposal4 = next(r["round"] for r in data["rows"] if r["k"] == 4 and "proposal" in r["what"])
+    ratio, ratio7 = steps["0.5b"] / unit, steps["0.5b"] / unit7 if unit7 else float("nan")
+    lines += ["", f"- steps after {before} positions (graph replay, argmax, sync): 0.5B {steps['0.5b'] * 1e3:.3f} ms,"
+              f" 1.5B {unit * 1e3:.3f} ms" + (f", 7B {unit7 * 1e3:.3f} ms" if unit7 else ", 7B not built"),
+              f"- goal: a draft step <= 0.3 of the 1.5B step: {ratio:.2f}, {met(ratio, 0.3)}; <= 0.1 of the 7B step:"
+              f" {ratio7:.3f}, {met(ratio7, 0.1)}",
+              f"- goal: a K=4 draft round <= 1.2 1.5B steps: the greedy proposal of 4 tokens {proposal4 / unit:.2f},"
+              f" {met(proposal4 / unit, 1.2)}"]
+    data.update(draft_over_15b=ratio, draft_over_7b=ratio7, proposal4_steps=proposal4 / unit)
+
+    tok = fake_tokenizer(target.config.vocab_size)
+    engine = Engine(as_loaded(target, tok, "target"), as_loaded(draft, tok, "draft"), max_context=1024)
+    prompt = torch.randint(0, target.config.vocab_size, (8 if QUICK else 64,)).tolist()
+    tokens = 4 if tiny else 128
+
+    def run(**settings):
+        for new in (min(tokens, 8), tokens):  # the first one warms up
+            engine.reset()
+            result = engine.generate(prompt, max_new_tokens=new, **settings)
+        s = result.stats
+        return s.generated_tokens / max(1e-9, s.time_total - s.time_prefill), s
+
+    runs = {"plain": run(drafter="none"), "draft k=4, device rounds": run(drafter="draft", k=4)}
+    engine.drafter("draft").device_rounds = False
+    runs["draft k=4, pass by pass"] = run(drafter="draft", k=4)
+    engine.drafter("draft").device_rounds = True
+    lines += ["", "| 1.5B target, greedy | tok/s | drafted | accepted | target passes | draft passes |"
+              " tokens a target pass |", "|---|---|---|---|---|---|---|"]
+    for label, (speed_, s) in runs.items():
+        lines.append(f"| {label} | {speed_:.1f} | {s.drafted} | {s.accepted} | {s.target_passes} | {s.draft_passes} |"
+                     f" {s.generated_tokens / max(1, s.target_passes):.2f} |")
+        data[label] = dict(tok_s=speed_, drafted=s.drafted, accepted=s.accepted, target_passes=s.target_passes,
+                           draft_passes=s.draft_passes)
+    lines.append(f"\n(random weights: the 0.5B draft and the 1.5B target are unrelated models, so drafts are rarely"
+                 f" accepted and speculation here costs what drafting costs; {tokens} tokens after a"
+                 f" {len(prompt)}-token prompt, Engine.generate's own statistics, prefill excluded)")
+    report.section("draft rounds: speed (0.5B draft, 1.5B target)", lines, data)
+
+
+def device_ms(fn, repeats: int = 50) -> float:
+    """Milliseconds a call, CUDA events around `repeats` calls after one (host work included)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def sampling_speed(report, models, tiny):
+    """Item 3's speed: the race over 1..64 rows of Qwen's vocabulary next to the host's race of one row; plain
+    decoding sampled (t=1.0, and with top_p) against greedy on the 1.5B shape."""
+    from specdecode.engine import Engine
+    from specdecode.sampling import PositionNoise, SamplingParams, choose_rows
+    from testlib import as_loaded, fake_tokenizer
+
+    target = models["1.5b"]
+    vocab = target.config.vocab_size
+    lines, data = [], {}
+    if target.device.type == "cuda":
+        probs = torch.softmax(torch.randn(64, vocab, device=target.device) * 3, -1)
+        noises = [PositionNoise(seed) for seed in range(64)]
+        positions = list(range(1000, 1064))
+        race = {rows: device_ms(lambda: choose_rows(probs[:rows], positions[:rows], noises[:rows]))
+                for rows in (1, 5, 16, 64)}
+        row = probs[0].cpu()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            noises[0].choose(row, 5)
+        host = (time.perf_counter() - t0) * 100
+        data.update(race_ms=race, host_ms=host)
+        lines += [f"- choose_rows over rows of {vocab} tokens (CUDA events, host work included): "
+                  + ", ".join(f"{rows} rows {ms * 1e3:.0f} us" for rows, ms in race.items())
+                  + f"; the host's race of one row (copy excluded): {host:.2f} ms", ""]
+    engine = Engine(as_loaded(target, fake_tokenizer(vocab)), max_context=1024)
+    prompt = torch.randint(0, vocab, (8 if QUICK else 64,)).tolist()
+    tokens = 4 if tiny else 128
+    settings = {"greedy": SamplingParams(), "t=1.0": SamplingParams(temperature=1.0, seed=1),
+                "t=1.0 top_p=0.95": SamplingParams(temperature=1.0, top_p=0.95, seed=1)}
+    speeds: dict = {name: [] for name in settings}
+    for name, sampling in settings.items():  # warm up
+        engine.reset()
+        engine.generate(prompt, drafter="none", max_new_tokens=4, sampling=sampling)
+    for _ in range(1 if tiny else 3):  # alternated, medians
+        for name, sampling in settings.items():
+            engine.reset()
+            s = engine.generate(prompt, drafter="none", max_new_tokens=tokens, sampling=sampling).stats
+            speeds[name].append(s.generated_tokens / max(1e-9, s.time_total - s.time_prefill))
+    medians = {name: statistics.median(v) for name, v in speeds.items()}
+    ratio = medians["t=1.0"] / medians["greedy"]
+    lines += ["| plain decoding, 1.5B shape | tok/s (median of the runs) | x greedy |", "|---|---|---|",
+              *[f"| {name} | {v:.1f} | {v / medians['greedy']:.3f} |" for name, v in medians.items()],
+              "", f"- goal: sampled (t=1.0) >= 0.95x greedy: {ratio:.3f}, {met(ratio, 0.95, at_most=False)}",
+              f"({tokens} tokens after a {len(prompt)}-token prompt, Engine.generate's statistics, prefill excluded;"
+              f" {len(speeds['greedy'])} runs each, alternated)"]
+    data.update(tok_s=speeds, sampled_over_greedy=ratio)
+    report.section("sampling on the device: speed (1.5B shape)", lines, data)
+
+
+def batch_run(engine, prompts, tokens: int, device_verdicts: bool, **settings) -> tuple[float, list, int]:
+    """tok/s of the prompts' requests together (prefill included), their outputs, the batch's passes."""
+    from specdecode.batch import BatchEngine
+
+    batch = BatchEngine(engine, max_batch=len(prompts), prefill_rows=256, device_verdicts=device_verdicts)
+    tickets = [batch.submit(prompt, max_new_tokens=tokens, **settings) for prompt in prompts]
+    t0 = time.perf_counter()
+    batch.run()
+    seconds = time.perf_counter() - t0
+    outputs = [t.result().token_ids for t in tickets]
+    return sum(len(o) for o in outputs) / seconds, outputs, batch.passes
+
+
+def verdicts_speed(report, models, tiny):
+    """Item 4's speed: 16 batched requests with device verdicts on and off (plain, and drafting with the 0.5B
+    draft, k=4), each against one request alone."""
+    from specdecode.engine import Engine
+    from testlib import as_loaded, fake_tokenizer
+
+    target, draft = models["1.5b"], models["0.5b"]
+    tok = fake_tokenizer(target.config.vocab_size)
+    engine = Engine(as_loaded(target, tok, "target"), as_loaded(draft, tok, "draft"), max_context=1024)
+    requests, tokens = (4, 4) if tiny else (16, 64)
+    gen = torch.Generator().manual_seed(16)
+    prompts = [torch.randint(0, target.config.vocab_size, (32,), generator=gen).tolist() for _ in range(requests)]
+    lines = [f"| drafter | 1 request tok/s | {requests}, host verdicts: tok/s (x one) |"
+             f" {requests}, device verdicts: tok/s (x one) | device / host | passes | outputs, device = host |",
+             "|---|---|---|---|---|---|---|"]
+    data = {}
+    freeze_loaded_objects()
+    try:
+        for drafter, extra in (("none", {}), ("draft", dict(k=4))):
+            settings = dict(drafter=drafter, **extra)
+            batch_run(engine, prompts[:1], 4, True, **settings)  # warm up: graphs of each size
+            batch_run(engine, prompts, 4, True, **settings)
+            one = max(batch_run(engine, prompts[:1], tokens, True, **settings)[0] for _ in range(1 if tiny else 2))
+            best, outputs, passes = {False: 0.0, True: 0.0}, {}, {}
+            for _ in range(1 if tiny else 2):  # alternated, the best of each
+                for on in (False, True):
+                    speed_, outputs[on], passes[on] = batch_run(engine, prompts, tokens, on, **settings)
+                    best[on] = max(best[on], speed_)
+            same = outputs[False] == outputs[True]
+            data[drafter] = dict(one=one, host=best[False], device=best[True], passes=passes, same=same)
+            lines.append(f"| {drafter}{' k=4' if extra else ''} | {one:.1f} | {best[False]:.0f}"
+                         f" ({best[False] / one:.1f}) | {best[True]:.0f} ({best[True] / one:.1f}) |"
+                         f" {best[True] / best[False]:.2f} |"
+                         f" {passes[False]} / {passes[True]} | {'same' if same else 'DIFFERENT'} |")
+    finally:
+        gc.unfreeze()
+    ratio = data["none"]["device"] / data["none"]["one"]
+    lines += ["", f"- goal: {requests} requests >= 12x one request's tok/s (plain, device verdicts): {ratio:.1f}x,"
+              f" {met(ratio, 12.0, at_most=False)}",
+              f"({tokens} tokens each after 32-token prompts, prefill included, as the batched table of `speed`; the"
+              " best of the runs, host and device alternated; random weights: the draft's chains are rarely"
+              " accepted)"]
+    data["x_one"] = ratio
+    report.section(f"greedy verdicts on the device: speed ({requests} requests, 1.5B shape)", lines, data)
+
+@triton.jit
+def _draws_kernel(keys_ptr, positions_ptr, out_ptr, vocab, BLOCK: tl.constexpr):
+    """E of every token for each row's (key, position): noise_kernel.exponentials as the race draws them."""
+    row = tl.program_id(0)
+    ids = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    key = tl.load(keys_ptr + row).to(tl.uint64, bitcast=True)
+    position = tl.load(positions_ptr + row).to(tl.uint64, bitcast=True)
+    tl.store(out_ptr + row * vocab + ids, noise_kernel.exponentials(key, position, ids.to(tl.uint64)),
+             mask=ids < vocab)
 
 
 # ---------------------------------------------------------------------- speed
@@ -791,10 +1376,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu-check-out")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU runs them through Triton's interpreter)")
-    parser.add_argument("--parts", default="exact,agree,7b,exact7b,speed,cost,blocks,profile,tiles")
-    parser.add_argument("--budget", type=float, default=330.0,
-                        help="seconds after which no further part starts (the parts run in order of importance)")
+    parser.add_argument("--parts", default="exact,exact7b,rounds,sampling,verdicts,agree,7b,speed,cost,blocks,"
+                                               "profile,tiles")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds after which no further part starts (the parts run in order of importance;"
+                             " default 330, none with --tiny: the interpreter's run is a try of the script)")
     args = parser.parse_args()
+    if args.budget is None:
+        args.budget = float("inf") if args.tiny else 330.0
     global QUICK
     QUICK = args.tiny
     if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter's overflow checks cost most of its time
@@ -842,6 +1431,13 @@ def main():
         models["7b"] = attach_if_cpu(native(hfs["7b"], device), args.tiny)
     if "7b" in models:
         run("exact7b", check_rows, report, models["7b"], "7B shape", args.tiny)
+    # Issue 64's device work (draft rounds, sampling's race, verdicts): each part's exactness, then their speed
+    run("rounds", check_rounds, report, models["0.5b"], args.tiny)
+    run("sampling", check_sampling, report, models["1.5b"], args.tiny)
+    run("verdicts", check_verdicts, report, models["1.5b"], models["0.5b"], args.tiny)
+    run("rounds", rounds_speed, report, models, args.tiny)
+    run("sampling", sampling_speed, report, models, args.tiny)
+    run("verdicts", verdicts_speed, report, models, args.tiny)
     run("agree", check_agreement_float32, report, shapes["1.5b"], device)
     run("speed", speed, report, models, hfs, bandwidth, args.tiny)
     run("cost", exactness_cost, report, models["1.5b"], "1.5B shape", device)

@@ -3,11 +3,18 @@
 # 0.5B, 1.5B and 7B, with transformers' generate modes on the same models in the same run (scripts/gpu_check.py).
 # Needs a CUDA device with torch, triton and transformers installed; installs nothing and downloads nothing.
 # Writes report.md, results.json and log.txt to $OUT (default gpu-check-out/). Extra arguments go to the script
-# (--parts exact,speed,cost,7b picks parts; --tiny tries the script itself on tiny shapes without a GPU).
+# (--parts exact,speed,cost,7b picks parts; --budget S: no part starts after S seconds; --tiny tries the script
+# itself on tiny shapes without a GPU).
 # Exactness runs first whatever the parts: rows and batches of the 1.5B shape (with the fused split sums, the fused
 # activation and a twin whose splits arrive in reverse, none yet measured on a device), every GGUF block type's
-# products, transformers, the loader, the drafters, then the 7B shape's rows. The first minutes of a lent GPU:
-#   scripts/gpu_check.sh --parts exact,exact7b,blocks
+# products, transformers, the loader, the drafters, then the 7B shape's rows; then issue 64's parts, none yet run on
+# a device: rounds (draft chains as device rounds), sampling (the race's bits, PTX; sampled vs greedy speed),
+# verdicts (accept.py's kernel, 16 batched requests with device verdicts on and off), each part's exactness before
+# their speed; then the long speed parts. The first call on a lent GPU, estimated 5-7 minutes on an H100 once the
+# machine is up (~30 s imports and models, exact with the blocks' products ~2.5 min, the 7B shape's build and rows
+# ~1.5 min, the three issue-64 parts ~2 min; the blocks' speed table, last, starts only if the budget allows, ~1.5
+# min more); give it timeout_s ~540 (what a part has written stays in $OUT if it is cut):
+#   scripts/gpu_check.sh --parts exact,exact7b,blocks,rounds,sampling,verdicts --budget 360
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-check-out}
