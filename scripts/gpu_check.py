@@ -276,7 +276,8 @@ def block_speed(report, models, hfs, bandwidth, tiny):
 # taking splits and segments last to first, so that other programs arrive last and add the others.
 UNMEASURED = (("split sums and attention merges fused", dict(fused_sums=True)),
               ("the gated activation in the gate|up tiles", dict(fused_sums=True, fused_act=True)),
-              ("fused, splits and segments arriving in reverse", dict(fused_sums=True, fused_act=True, reversed=True)))
+              ("fused, splits and segments arriving in reverse", dict(fused_sums=True, fused_act=True, reversed=True)),
+              ("programmatic dependent launch (compute capability 9.0+; elsewhere the same launches)", dict(pdl=True)))
 
 
 def repeat_and_unfused(model, block, prompt: int, cache, repeats: int) -> list[str]:
@@ -1268,6 +1269,36 @@ PASS_VARIANTS = [(64, 64, 512, 4, 3, 64, "sums act"), (64, 64, 512, 4, 3, 64, "s
                  (64, 128, 1024, 4, 3, 64, "sums act"), (128, 128, 1024, 4, 4, 64, "sums act")]
 
 
+def pdl_speed(report, models, bandwidth):
+    """Whole passes (1 and 8 rows, graph replays) with programmatic dependent launch (Tiles.pdl) against without,
+    alternated, in each model's production tiles; its bits are checked with the other unmeasured tiles (part
+    exact). Issue 64 item 1: the gaps between a pass's ~230 kernels are what PDL hides."""
+    import dataclasses
+
+    from specdecode.gpu.exact_pass import ExactPass
+
+    lines = ["| shape | off: 1 row | on: 1 row | off: 8 rows | on: 8 rows | 1 row: on / off | bound share on |",
+             "|---|---|---|---|---|---|---|"]
+    data = []
+    for name, model in models.items():
+        saved = model.exact_pass
+        runs = {False: [], True: []}
+        try:
+            for _ in range(2):  # alternated: a clock or thermal drift falls on both
+                for pdl in (False, True):
+                    model.exact_pass = ExactPass(model, dataclasses.replace(saved.tiles, pdl=pdl))
+                    runs[pdl].append(block_costs(model, [1, 8]))
+        finally:
+            model.exact_pass = saved
+        off = {rows: min(run[rows] for run in runs[False]) for rows in (1, 8)}
+        on = {rows: min(run[rows] for run in runs[True]) for rows in (1, 8)}
+        bound = weight_bytes(model) / bandwidth
+        lines.append(f"| {name} | {off[1] * 1e3:.3f} ms | {on[1] * 1e3:.3f} ms | {off[8] * 1e3:.3f} ms | "
+                     f"{on[8] * 1e3:.3f} ms | {on[1] / off[1]:.3f} | {bound / on[1]:.0%} |")
+        data.append(dict(shape=name, off=off, on=on, bound=bound))
+    report.section("programmatic dependent launch (Tiles.pdl)", lines, data)
+
+
 def tile_sweep(report, models, bandwidth, tiny):
     """Whole passes (1 and 8 rows after 256 positions, graph replays) under other fixed tiles: the data for choosing
     the defaults by measurement."""
@@ -1376,7 +1407,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu-check-out")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU runs them through Triton's interpreter)")
-    parser.add_argument("--parts", default="exact,exact7b,rounds,sampling,verdicts,agree,7b,speed,cost,blocks,"
+    parser.add_argument("--parts", default="exact,exact7b,rounds,sampling,verdicts,pdl,agree,7b,speed,cost,blocks,"
                                                "profile,tiles")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds after which no further part starts (the parts run in order of importance;"
@@ -1438,6 +1469,7 @@ def main():
     run("rounds", rounds_speed, report, models, args.tiny)
     run("sampling", sampling_speed, report, models, args.tiny)
     run("verdicts", verdicts_speed, report, models, args.tiny)
+    run("pdl", pdl_speed, report, models, bandwidth)
     run("agree", check_agreement_float32, report, shapes["1.5b"], device)
     run("speed", speed, report, models, hfs, bandwidth, args.tiny)
     run("cost", exactness_cost, report, models["1.5b"], "1.5B shape", device)

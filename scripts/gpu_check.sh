@@ -14,7 +14,7 @@
 # machine is up (~30 s imports and models, exact with the blocks' products ~2.5 min, the 7B shape's build and rows
 # ~1.5 min, the three issue-64 parts ~2 min; the blocks' speed table, last, starts only if the budget allows, ~1.5
 # min more); give it timeout_s ~540 (what a part has written stays in $OUT if it is cut):
-#   scripts/gpu_check.sh --parts exact,exact7b,blocks,rounds,sampling,verdicts --budget 360
+#   scripts/gpu_check.sh --parts exact,exact7b,blocks,rounds,sampling,verdicts,pdl --budget 360
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-check-out}
