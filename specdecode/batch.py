@@ -218,7 +218,8 @@ class BatchEngine:
         if not reads:
             self.engine.tuner.costs.record_target(rows, seconds)
         solo = len(segments) == 1
-        choices, verdicts = greedy_together([t.generation for t in planned], logits, self.device_verdicts)
+        choices, verdicts = greedy_together([t.generation for t in planned], logits, self.device_verdicts,
+                                            draws_join(self.engine.target.model))
         for ticket, seg, out, start, choice, verdict in zip(planned, segments, logits, starts, choices, verdicts):
             # Each request's share of the pass, by its rows: what its verify time is taken to be (its tuning
             # judges drafting by it; the pass's cost by its total rows is recorded above).
@@ -419,9 +420,10 @@ class BatchEngine:
             self.engine.prefilled(ticket.generation)
 
 
-def greedy_together(generations: list, logits: list, on_device: bool) -> tuple[list, list]:
+def greedy_together(generations: list, logits: list, on_device: bool, join_draws: bool = False
+                    ) -> tuple[list, list]:
     """Per generation whose verdict reads nothing but its rows' argmaxes (judges_by_argmax), or on the GPU path its
-    rows' seeded draws (judges_by_draws), what the pass reads for it at once: (choices, verdicts), each a list
+    rows' seeded draws (judges_by_draws, where join_draws), what the pass reads for it at once: (choices, verdicts), each a list
     with None where there is nothing. On a GPU each read is a sync that waits for the device to drain, and each
     launch costs the host microseconds: one argmax, one race and one read per pass instead of per request. The
     draws: each sampled row processed alone, as verify_sampling does, then all raced in one launch and spliced over
@@ -429,9 +431,8 @@ def greedy_together(generations: list, logits: list, on_device: bool) -> tuple[l
     trees their argmaxes; otherwise each gets its rows' choices and judges on the host. An argmax takes no
     arithmetic, the race is the host's bits (sampling.py) and the comparison only integers, so a verdict is the
     same either way."""
-    drawn_here = any(out is not None and draws_join(out.device) for out in logits)
     wanted = [i for i, (generation, out) in enumerate(zip(generations, logits))
-              if out is not None and (generation.judges_by_argmax or drawn_here and judges_by_draws(generation))]
+              if out is not None and (generation.judges_by_argmax or join_draws and judges_by_draws(generation))]
     choices: list = [None] * len(generations)
     verdicts: list = [None] * len(generations)
     if len(wanted) < 2:
@@ -452,11 +453,11 @@ def greedy_together(generations: list, logits: list, on_device: bool) -> tuple[l
     return choices, verdicts
 
 
-def draws_join(device) -> bool:
-    """Whether sampled chains join the pass's read: where their rows race in the device's kernel (a GPU, or the
-    interpreter's GPU path). On a CPU each request's own verify_sampling stops at its first rejected row instead
-    of racing every row over the whole vocabulary."""
-    return accept.kernel_runs(device)
+def draws_join(model) -> bool:
+    """Whether sampled chains join the pass's read: on the GPU path (CUDA, or the Triton path in the interpreter),
+    where their rows race in the device's kernel. On a CPU each request's own verify_sampling stops at its first
+    rejected row instead of racing every row over the whole vocabulary."""
+    return model.device.type == "cuda" or getattr(model, "exact_pass", None) is not None
 
 
 def judges_by_draws(generation) -> bool:

@@ -54,7 +54,7 @@ def every_draft_verified_by_torch(monkeypatch):
     # the torch reference judges here, also where tests/gpu has turned Triton's interpreter on in this process
     monkeypatch.setattr(accept, "kernel_runs", lambda device: False)
     # and the seeded request's rows join the pass's read as on the GPU path (raced on the host: the same draws)
-    monkeypatch.setattr(batch_module, "draws_join", lambda device: True)
+    monkeypatch.setattr(batch_module, "draws_join", lambda model: True)
 
 
 def batched(device_verdicts: bool) -> list[tuple[list[int], list]]:
