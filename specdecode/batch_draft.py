@@ -87,6 +87,33 @@ def _device_rounds(model, members: list[Proposal]) -> int:
     return max(r.steps for r in rounds) if steps else 0
 
 
+class ReadAhead:
+    """A draft pass's logits with their last row's top choice (top probability, argmax), read with the other
+    sequences' of the pass (DraftModelDrafter._received takes it)."""
+
+    def __init__(self, logits, top: tuple[float, int]):
+        self.logits, self.top = logits, top
+
+
+def _read_ahead(model, members: list[Proposal], outputs: list) -> list:
+    """On the GPU path, where several sequences' draft models choose their next token from this pass: every such
+    choice read at once (on a GPU each read waits for the device), each row's own operations as top_choice runs
+    them (the same bits as alone)."""
+    if getattr(model, "exact_pass", None) is None:
+        return outputs
+    wanted = [i for i, (p, out) in enumerate(zip(members, outputs))
+              if out is not None and getattr(p.generation.drafter.model_drafter, "read_ahead", False) is not False]
+    if len(wanted) < 2:
+        return outputs
+    rows = [outputs[i][-1] for i in wanted]
+    values = torch.stack([v for row in rows for v in (torch.softmax(row.float(), -1).max().double(),
+                                                      row.argmax().double())]).tolist()
+    outputs = list(outputs)
+    for n, i in enumerate(wanted):
+        outputs[i] = ReadAhead(outputs[i], (values[2 * n], int(values[2 * n + 1])))
+    return outputs
+
+
 def _one_pass(model, members: list[Proposal]) -> None:
     """One pass of `model` over every member's segment; each member resumes with its own logits."""
     segments = [p.waiting[1] for p in members]
@@ -95,6 +122,7 @@ def _one_pass(model, members: list[Proposal]) -> None:
         outputs = model.forward_batch(segments)
     else:  # one sequence, or a model without batched passes (the transformers adapter): each alone
         outputs = [model(torch.tensor(s.tokens, device=model.device), s.cache, logits=s.logits) for s in segments]
+    outputs = _read_ahead(model, members, outputs)
     pass_timings.wait_for_device(model.device)
     seconds = time.perf_counter() - t0
     rows = sum(s.rows for s in segments)

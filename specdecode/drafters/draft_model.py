@@ -52,6 +52,7 @@ class DraftModelDrafter(Drafter):
         self.rows = config.vocab_size if config is not None else getattr(model, "vocab_size", None)
         # Chains past their first token drafted in one device round (gpu/draft_round.py), on the GPU path
         self.device_rounds = getattr(model, "exact_pass", None) is not None
+        self.read_ahead: tuple[float, int] | None = None  # the next token's choice as a batch read it (_received)
 
     @property
     def model_drafter(self) -> "DraftModelDrafter":
@@ -64,6 +65,7 @@ class DraftModelDrafter(Drafter):
     def _feed(self, tokens: list[int], logits: str) -> Generator:
         """Make the cache hold exactly `tokens`, reusing the common prefix; logits after the last one fed.
         A generator of the draft passes it needs (see the module's docstring)."""
+        self.read_ahead = None
         keep = min(common_prefix_len(self.cached, tokens), len(tokens) - 1 if logits != "none" else len(tokens))
         self.cache.truncate(keep)
         del self.cached[keep:]
@@ -79,13 +81,25 @@ class DraftModelDrafter(Drafter):
             return None
         out = yield self.model, Segment(pending, self.cache, logits)
         self.cached.extend(pending)
-        return None if out is None else out[-1]
+        return self._received(out)
 
     def _next_logits(self, token: int) -> Generator:
         """One draft pass over `token`: the logits after it ([V])."""
         out = yield self.model, Segment([token], self.cache, "last")
         self.cached.append(token)
-        return out[-1]
+        return self._received(out)
+
+    def _received(self, out):
+        """A pass's last row of logits; where a batch read its top choice with the other sequences' at once
+        (batch_draft.ReadAhead), that choice is kept for the proposal's next token."""
+        self.read_ahead = getattr(out, "top", None)
+        out = getattr(out, "logits", out)
+        return None if out is None else out[-1]
+
+    def _top_choice(self, logits, confidence: bool, argmax: bool) -> tuple[float, int | None]:
+        """top_choice of the row just received: as a batch read it, or read now."""
+        ahead, self.read_ahead = self.read_ahead, None
+        return ahead if ahead is not None else top_choice(logits, confidence, argmax)
 
     def prefill(self, context: list[int]) -> None:
         """Consume the prompt (all but its last token) so that proposals only feed the newest tokens.
@@ -115,7 +129,8 @@ class DraftModelDrafter(Drafter):
         rule = stop_rule
         while True:
             probs_row = probabilities(logits[None], sampling)[0] if not sampling.greedy else None
-            confidence, token = top_choice(logits, rule is not None, probs_row is None)
+            confidence, token = self._top_choice(logits, rule is not None, probs_row is None)
+            confidence = confidence if rule is not None else float("nan")
             if rule is not None:
                 if not rule.keep(len(tokens), chain_prob, confidence):
                     break

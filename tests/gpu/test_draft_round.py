@@ -116,13 +116,22 @@ def engine() -> Engine:
 
 
 def test_batched_rounds_draft_and_decode_as_each_request_alone(monkeypatch):
-    """Requests of a batch, greedy and seeded, draft their rounds in lockstep (one pass per step for all of them):
-    each gets plain decoding's output (seeded: the seeded plain text), as the sampled one does alone, and the rounds
-    did run for several requests at once."""
-    ran = []
-    chain_rounds = draft_round.chain_rounds
+    """Requests of a batch, greedy and seeded, draft their rounds in lockstep (one pass per step for all of them),
+    their first tokens read at once: each gets plain decoding's output (seeded: the seeded plain text), as the
+    sampled one does alone, and the rounds and the reads did serve several requests at once."""
+    from specdecode import batch_draft
+
+    ran, read = [], []
+    chain_rounds, read_ahead = draft_round.chain_rounds, batch_draft._read_ahead
     monkeypatch.setattr(draft_round, "chain_rounds", lambda model, rounds: ran.append(len(rounds))
                         or chain_rounds(model, rounds))
+
+    def counted(model, members, outputs):
+        wrapped = read_ahead(model, members, outputs)
+        read.append(sum(isinstance(out, batch_draft.ReadAhead) for out in wrapped))
+        return wrapped
+
+    monkeypatch.setattr(batch_draft, "_read_ahead", counted)
     eng = engine()
     prompts, settings = [c + [3] for c in CONTEXTS], [GREEDY, SAMPLED, GREEDY]
     plain = [eng.generate(p, drafter="none", max_new_tokens=8, sampling=s).token_ids for p, s in zip(prompts, settings)]
@@ -132,3 +141,31 @@ def test_batched_rounds_draft_and_decode_as_each_request_alone(monkeypatch):
     batch.run()
     assert [t.result().token_ids for t in tickets] == plain
     assert any(count > 1 for count in ran), "no round ran for several requests at once"
+    assert any(count > 1 for count in read), "no first tokens were read together"
+
+
+def read_aheads(read_ahead, outputs):
+    """The tops `read_ahead` gives three draft-model members of a pass."""
+    from types import SimpleNamespace
+
+    drafter = DraftModelDrafter(models()[1], CONTEXT)
+    members = [SimpleNamespace(generation=SimpleNamespace(drafter=drafter)) for _ in outputs]
+    return [out.top for out in read_ahead(models()[1], members, outputs)]
+
+
+def test_a_batch_reads_its_draft_models_next_choices_at_once():
+    """A batched draft pass's next-token choices (top probability, argmax) for every sequence in one read, each
+    the bits top_choice reads for its row alone; a twin that hands them to the wrong sequences is caught."""
+    from specdecode import batch_draft
+    from specdecode.drafters.draft_model import top_choice
+
+    outputs = [torch.randn(1, models()[1].config.vocab_size) * scale for scale in (1.0, 3.0, 0.3)]
+    alone = [top_choice(out[-1], True, True) for out in outputs]
+    assert read_aheads(batch_draft._read_ahead, outputs) == alone
+
+    def handed_round(model, members, outputs):
+        wrapped = batch_draft._read_ahead(model, members, outputs)
+        tops = [out.top for out in wrapped]
+        return [batch_draft.ReadAhead(out.logits, top) for out, top in zip(wrapped, tops[1:] + tops[:1])]
+
+    assert read_aheads(handed_round, outputs) != alone
