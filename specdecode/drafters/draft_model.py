@@ -192,11 +192,13 @@ class DraftModelDrafter(Drafter):
         chain_parent = 0  # block index of the current chain node (0 = the last accepted token)
         for depth in range(k):
             top = torch.topk(torch.softmax(logits.float(), -1), 2)
-            best, second = int(top.indices[0]), int(top.indices[1])
+            # one read for the depth (on a GPU each read waits for the device): both probabilities and both ids
+            _, runner_up, best, second = torch.cat([top.values.double(), top.indices.double()]).tolist()
+            best, second = int(best), int(second)
             tokens.append(best)
             parents.append(chain_parent)
             best_index = len(tokens)
-            if float(top.values[1]) >= branch_min_prob:
+            if runner_up >= branch_min_prob:
                 tokens.append(second)
                 parents.append(chain_parent)
             chain_parent = best_index
