@@ -674,30 +674,6 @@ def check_sampling(report, target, tiny):
     report.section("sampling's race on the device: the host's bits", lines, data)
 
 
-def random_pass(seed: int, requests: int = 6, vocab: int = 5):
-    """tests/test_accept.py's random_pass (copied: that module needs pytest, which a lent GPU may lack): (logits,
-    firsts, drafts) with blocks at random places among unjudged rows, each draft the block's argmaxes for a random
-    length, then (sometimes) one wrong token and more; a small vocabulary makes ties and chance agreements common."""
-    gen = torch.Generator().manual_seed(seed)
-    shapes = [int(torch.randint(0, 7, (1,), generator=gen)) for _ in range(requests)]  # draft lengths, 0 allowed
-    gaps = [int(torch.randint(0, 3, (1,), generator=gen)) for _ in range(requests)]
-    rows = sum(shapes) + requests + sum(gaps)
-    logits = torch.randint(0, 3, (rows, vocab), generator=gen).float()  # integers: ties
-    choice = logits.argmax(dim=-1).tolist()
-    firsts, drafts, at = [], [], 0
-    for length, gap in zip(shapes, gaps):
-        at += gap
-        kept = int(torch.randint(0, length + 1, (1,), generator=gen))
-        draft = choice[at : at + kept]
-        if kept < length:
-            draft.append((choice[at + kept] + 1) % vocab)  # rejected here
-            draft += torch.randint(0, vocab, (length - kept - 1,), generator=gen).tolist()
-        firsts.append(at)
-        drafts.append(draft)
-        at += length + 1
-    return logits, firsts, drafts
-
-
 def check_verdicts(report, target, draft, tiny):
     """Item 4: accept.py's kernel gives verify_greedy's verdicts (tests/test_accept.py's random passes, and one of
     Qwen's vocabulary); a BatchEngine of 16 requests (draft chains greedy and seeded, a tree, lookup, suffix,
@@ -714,6 +690,8 @@ def check_verdicts(report, target, draft, tiny):
     lines, bad = [], []
     # the kernel alone: small vocabularies (ties, chance agreements), then Qwen's with blocks of up to 40 rows
     kernel_bad = 0
+    from testlib import random_pass
+
     cases = [random_pass(seed) for seed in range(40)]  # tests/test_accept.py's cases
     gen = torch.Generator().manual_seed(4)
     lengths = [0, 15, 16, 3, 39, 31, 4, 4, 0, 7, 2, 1, 5, 5, 8, 4]

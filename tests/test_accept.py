@@ -10,30 +10,7 @@ import torch
 
 from specdecode import accept
 from specdecode.verify import Verdict, verify_greedy
-
-
-def random_pass(seed: int, requests: int = 6, vocab: int = 5):
-    """(logits [rows, vocab], firsts, drafts): blocks at random places among unjudged rows; each draft copies the
-    block's argmaxes for a random length, then (sometimes) one wrong token and more. A small vocabulary makes ties
-    and chance agreements common."""
-    gen = torch.Generator().manual_seed(seed)
-    shapes = [int(torch.randint(0, 7, (1,), generator=gen)) for _ in range(requests)]  # draft lengths, 0 allowed
-    gaps = [int(torch.randint(0, 3, (1,), generator=gen)) for _ in range(requests)]
-    rows = sum(shapes) + requests + sum(gaps)
-    logits = torch.randint(0, 3, (rows, vocab), generator=gen).float()  # integers: ties
-    choice = logits.argmax(dim=-1).tolist()
-    firsts, drafts, at = [], [], 0
-    for length, gap in zip(shapes, gaps):
-        at += gap
-        kept = int(torch.randint(0, length + 1, (1,), generator=gen))
-        draft = choice[at : at + kept]
-        if kept < length:
-            draft.append((choice[at + kept] + 1) % vocab)  # rejected here
-            draft += torch.randint(0, vocab, (length - kept - 1,), generator=gen).tolist()
-        firsts.append(at)
-        drafts.append(draft)
-        at += length + 1
-    return logits, firsts, drafts
+from testlib import random_pass
 
 
 def expected(logits, firsts, drafts) -> list[Verdict]:

@@ -389,3 +389,28 @@ def run_llamacpp_converter(folder: Path, out: Path, outtype: str = "f32", timeou
         zygote.wait()
         pytest.fail(f"llama.cpp's converter ran past {timeout} s\n{output[-2000:]}")
     assert code == "0", f"llama.cpp's converter: exit {code or 'of its zygote'}\n{output[-2000:]}"
+
+
+def random_pass(seed: int, requests: int = 6, vocab: int = 5):
+    """A batched pass's greedy blocks for accept.py's checks (tests/test_accept.py, scripts/gpu_check.py), as
+    (logits [rows, vocab], firsts, drafts): blocks at random places among unjudged rows; each draft copies the
+    block's argmaxes for a random length, then (sometimes) one wrong token and more. A small vocabulary makes ties
+    and chance agreements common."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [int(torch.randint(0, 7, (1,), generator=gen)) for _ in range(requests)]  # draft lengths, 0 allowed
+    gaps = [int(torch.randint(0, 3, (1,), generator=gen)) for _ in range(requests)]
+    rows = sum(shapes) + requests + sum(gaps)
+    logits = torch.randint(0, 3, (rows, vocab), generator=gen).float()  # integers: ties
+    choice = logits.argmax(dim=-1).tolist()
+    firsts, drafts, at = [], [], 0
+    for length, gap in zip(shapes, gaps):
+        at += gap
+        kept = int(torch.randint(0, length + 1, (1,), generator=gen))
+        draft = choice[at : at + kept]
+        if kept < length:
+            draft.append((choice[at + kept] + 1) % vocab)  # rejected here
+            draft += torch.randint(0, vocab, (length - kept - 1,), generator=gen).tolist()
+        firsts.append(at)
+        drafts.append(draft)
+        at += length + 1
+    return logits, firsts, drafts
