@@ -264,3 +264,23 @@ def test_neg_log_is_within_an_ulp_of_numpys_log():
     assert np.all(np.abs(neg_log(u) - reference) <= np.spacing(reference))
     one = neg_log(np.array([1.0]))[0]
     assert one == 0.0 and not np.signbit(one)  # u = 1 (a rounding of the top k) races p / +0 = inf, never -inf
+
+
+def test_the_hosts_race_is_the_exact_race_at_a_near_tie():
+    """PositionNoise.race races with NumPy's log first (neg_log costs ~50x more over a vocabulary) and re-races the
+    tokens near the leader exactly: on a row built so that the two logs pick different tokens, the exact race's
+    token wins; a race with NumPy's log alone (the twin) picks the other."""
+    from testlib import near_tie
+
+    noise, position, ids = PositionNoise(11), 5, np.arange(64)
+    uniform = noise._uniforms(position, ids)
+    exact, fast = noise.exponentials(position, ids), 0.0 - np.log(uniform)
+    found = near_tie(exact, fast)
+    assert found is not None
+    tokens, p = found
+    row = np.zeros(64, dtype=np.float32)
+    row[tokens] = p
+    support = np.flatnonzero(row > 0)
+    wanted = int(support[np.argmax(row[support] / exact[support])])
+    assert noise.race(row, position) == wanted
+    assert int(support[np.argmax(row[support] / fast[support])]) != wanted

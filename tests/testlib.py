@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -414,3 +415,34 @@ def random_pass(seed: int, requests: int = 6, vocab: int = 5):
         drafts.append(draft)
         at += length + 1
     return logits, firsts, drafts
+
+
+def convergents(x: Fraction):
+    """The continued fraction's convergents h / k of x: its best rational approximations."""
+    h0, h1, k0, k1 = 0, 1, 1, 0
+    while True:
+        whole = x.numerator // x.denominator
+        h0, h1, k0, k1 = h1, whole * h1 + h0, k1, whole * k1 + k0
+        yield h1, k1
+        if x == whole:
+            return
+        x = 1 / (x - whole)
+
+
+def near_tie(draws: np.ndarray, other_draws: np.ndarray):
+    """Two token ids and float32 probabilities for them on which a race with `draws` and one with `other_draws`
+    pick different tokens, or None. p_a / p_b is a convergent of E_a / E_b (numerator and denominator below 2**24,
+    so exact in float32): the two races p / E then meet within about an ulp, where one ulp of E decides."""
+    for a in np.flatnonzero(draws != other_draws):
+        for b in np.flatnonzero(np.arange(draws.size) != a):
+            for h, k in convergents(Fraction(float(draws[a])) / Fraction(float(draws[b]))):
+                if max(h, k) >= 2**24:
+                    break
+                scale = 2.0 ** -max(h, k).bit_length()
+                ids = np.array([a, b])
+                p = np.array([h * scale, k * scale], dtype=np.float32)
+                order = np.argsort(ids)  # the race's tie rule sees ids in ascending order
+                pick = [int(ids[order][np.argmax(p[order] / d[ids[order]])]) for d in (draws, other_draws)]
+                if pick[0] != pick[1]:
+                    return ids, p
+    return None

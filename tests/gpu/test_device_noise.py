@@ -5,8 +5,6 @@ CPU, on CUDA where there is one. Broken twins that must fail: noise drawn one po
 is the device's own log (one ulp off on a fifth of the draws, which flips a crafted near tie)."""
 from __future__ import annotations
 
-from fractions import Fraction
-
 import numpy as np
 import pytest
 import torch
@@ -17,6 +15,7 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 from specdecode.gpu import noise_kernel  # noqa: E402  (Triton first: skipped without it)
 from specdecode.gpu.noise_kernel import _uniform, exponentials, neg_log as device_neg_log  # noqa: E402
+from testlib import near_tie  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SEEDS = (0, 1, 12345, 2**62 + 7, 2**63 - 1)
@@ -174,37 +173,6 @@ def test_a_row_without_mass_is_minus_one_and_raises_when_read():
         read_tokens(torch.tensor(tokens))
     with pytest.raises(ValueError, match="no mass"):
         PositionNoise(0).choose(probs[1].to(DEVICE), 0)
-
-
-def convergents(x: Fraction):
-    """The continued fraction's convergents h / k of x: its best rational approximations."""
-    h0, h1, k0, k1 = 0, 1, 1, 0
-    while True:
-        whole = x.numerator // x.denominator
-        h0, h1, k0, k1 = h1, whole * h1 + h0, k1, whole * k1 + k0
-        yield h1, k1
-        if x == whole:
-            return
-        x = 1 / (x - whole)
-
-
-def near_tie(draws: np.ndarray, other_draws: np.ndarray):
-    """Two token ids and float32 probabilities for them on which a race with `draws` and one with `other_draws`
-    pick different tokens, or None. p_a / p_b is a convergent of E_a / E_b (numerator and denominator below 2**24,
-    so exact in float32): the two races p / E then meet within about an ulp, where one ulp of E decides."""
-    for a in np.flatnonzero(draws != other_draws):
-        for b in np.flatnonzero(np.arange(draws.size) != a):
-            for h, k in convergents(Fraction(float(draws[a])) / Fraction(float(draws[b]))):
-                if max(h, k) >= 2**24:
-                    break
-                scale = 2.0 ** -max(h, k).bit_length()
-                ids = np.array([a, b])
-                p = np.array([h * scale, k * scale], dtype=np.float32)
-                order = np.argsort(ids)  # the race's tie rule sees ids in ascending order
-                pick = [int(ids[order][np.argmax(p[order] / d[ids[order]])]) for d in (draws, other_draws)]
-                if pick[0] != pick[1]:
-                    return ids, p
-    return None
 
 
 def test_the_choose_check_catches_the_devices_own_log_at_a_near_tie():
