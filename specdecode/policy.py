@@ -14,6 +14,12 @@ from .stats import expected_tokens_per_pass
 from .tuning_params import DEFAULT, TuningParams
 
 
+# Timings of other block sizes, with no single step between them, after which the single step's estimate is stale
+# and those timings move it (CostModel). While single steps come at least this often they show the level
+# themselves, and another size's timing refines that size's ratio to them; four is a few drafting steps in a row.
+SINGLE_STALE_AFTER = 4
+
+
 class CostModel:
     """Running estimates (seconds) of target pass cost per block size and draft pass cost per drafter.
 
@@ -25,6 +31,15 @@ class CostModel:
     is busy for a while slows every block size alike, so the ratios hold. A draft pass's cost is kept and
     read the same way (`draft_cost`): a draft timed on a busy machine looked dearer than a target step, so
     the draft model never drafted again and its cost was never timed again.
+
+    The single step is the machine's level only while single steps are timed. A drafter that drafts a token
+    almost every step (auto copies one nearly always; a batch's passes hold several requests' rows) runs blocks
+    of 2+ rows, and the single step's estimate, read from a start-up measurement taken busy or cold, stayed
+    where it was: a plain step looked 1.45x dearer than it was, and a draft model that lost looked faster than
+    plain decoding. So once `SINGLE_STALE_AFTER` timings of other sizes have come with no single step between
+    them, a block's timing moves the level: the single step's estimate moves by the factor the block's own
+    estimate moves (one `smoothing` step toward the timing, as ever), and every size and draft pass, read in
+    single-step terms, moves with it; the block's ratio to the single step holds.
     """
 
     def __init__(self, smoothing: float = DEFAULT.cost_smoothing):
@@ -33,6 +48,8 @@ class CostModel:
         self.single_at: dict[int, float] = {}  # block size -> the single step's estimate when it was timed
         self.draft: dict[str, float] = {}  # as timed (smoothed); read through draft_cost
         self.draft_single_at: dict[str, float] = {}  # drafter -> the single step's estimate when it was timed
+        # Timings of other sizes in decoding since the last single step timed in decoding; none yet counts as stale.
+        self.since_single = SINGLE_STALE_AFTER
 
     def _mix(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
@@ -43,12 +60,27 @@ class CostModel:
         return self.target[block] * (single / at) if single and at else self.target[block]
 
     def set_measured(self, block: int, seconds: float) -> None:
-        """A timing taken apart from decoding (the engine's cost measurement): replaces the estimate."""
+        """A timing taken apart from decoding (the engine's cost measurement): replaces the estimate.
+
+        A single step measured so leaves the level stale: the measurement may be another process's, kept on disk,
+        or taken while the machine was busy. Its sizes' ratios to each other hold (timed together), so decoding's
+        first timings of other sizes move the level rather than refine those ratios against a level that was never
+        today's (refined, a start-up single step 1.8x too dear stayed 1.2x too dear)."""
         self.target[block] = seconds
+        if block == 1:
+            self.since_single = SINGLE_STALE_AFTER
         self._timed(block)
 
     def record_target(self, block: int, seconds: float) -> None:
         old = self._scaled(block) if block in self.target else None
+        stale = self.since_single >= SINGLE_STALE_AFTER
+        self.since_single = 0 if block == 1 else self.since_single + 1
+        single = self.target.get(1)
+        if block != 1 and stale and old and single and block in self.single_at:
+            # The machine's level: the single step moves as this block's scaled estimate would, and so does every
+            # size and draft pass read through it; target[block] / single_at[block], its ratio, is left as it was.
+            self.target[1] = single * self._mix(old, seconds) / old
+            return
         self.target[block] = self._mix(old, seconds)
         self._timed(block)
 
