@@ -144,8 +144,11 @@ def _load_draft(spec: str, options: EngineOptions, target):
     # A draft's precision decides no output (the target does), so its float matrices may become Q8_0 without asking.
     dtype = "q8_0" if dtype == "int8" else dtype
     try:
-        return load_model(spec, device=options.device, dtype=dtype, max_context=options.ctx)
+        draft = load_model(spec, device=options.device, dtype=dtype, max_context=options.ctx)
     except UnsupportedDtype:
         if options.draft_dtype != "auto":
             raise
         return load_model(spec, device=options.device, dtype="bfloat16", max_context=options.ctx)
+    if hasattr(draft.model, "use_draft_arithmetic"):  # loaded here for drafting only: no target shares the object
+        draft.model.use_draft_arithmetic()
+    return draft

@@ -214,6 +214,19 @@ def test_a_benchmark_loads_the_draft_model_but_auto_uses_it_only_where_the_defau
     assert ("draft" in engine.drafter("auto").sources) is auto_drafts
 
 
+def test_a_draft_model_loaded_to_draft_takes_the_draft_arithmetic_and_the_target_does_not(monkeypatch):
+    """build_engine's draft (a fresh model object, drafting only) switches to the draft layouts (kernels'
+    QuantWeight.as_draft: cheaper roundings of its Q5_0 matrices); the target keeps its file's arithmetic."""
+    from specdecode.build import EngineOptions, build_engine
+    from specdecode.models.transformer import Transformer
+
+    switched = []
+    monkeypatch.setattr(Transformer, "use_draft_arithmetic", lambda self: switched.append(self))
+    engine, drafter = build_engine(EngineOptions(model=SMOLLM2, draft=SMOLLM2, ctx=256))
+    assert drafter == "draft" and engine.draft.model is not engine.target.model
+    assert switched == [engine.draft.model]
+
+
 def test_a_command_whose_extra_is_missing_says_which_extra_in_one_line():
     """The core install has no server: `specdecode serve` without fastapi names the extra to install."""
     code = "import sys; sys.modules['fastapi'] = None; from specdecode.cli import main; sys.exit(main(['serve']))"

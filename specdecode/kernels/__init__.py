@@ -24,6 +24,7 @@ from .weights import (
     Q4_K_UNPACKED,
     Q4_K_X16,
     Q5_0_X16,
+    Q5_0_X16_SUMS,
     Q6_K_X16,
     Q8_0,
     QUANT_ISAS,

@@ -15,8 +15,15 @@ Q4_K_UNPACKED = 112
 Q4_K_X16, Q6_K_X16 = 113, 114
 # And Q5_0 (the 0.5B draft's matrices) in groups of 16 rows, whose one-row tiles could not keep up with memory.
 Q5_0_X16 = 115
+# Q5_0_X16's bytes under a cheaper float definition than Q5_0's own (each block's integer sum whole, then one FMA,
+# where Q5_0 keeps 8 float lanes a row): not llama.cpp's rounding, so for draft models only (DRAFT_LAYOUTS).
+Q5_0_X16_SUMS = 116
 Q5_0, Q6_K = 6, 14
-_INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148), Q6_K_X16: (256, 210), Q5_0_X16: (32, 22)}  # per (row) block
+_INTERNAL_BLOCKS = {Q4_K_UNPACKED: (256, 148), Q4_K_X16: (256, 148), Q6_K_X16: (256, 210), Q5_0_X16: (32, 22),
+                    Q5_0_X16_SUMS: (32, 22)}  # per (row) block
 # Each type that has an interleaved layout, and that layout's type.
 INTERLEAVED = {Q4_K_UNPACKED: Q4_K_X16, Q6_K: Q6_K_X16, Q5_0: Q5_0_X16}
-_DEINTERLEAVED = {x16: source for source, x16 in INTERLEAVED.items()}
+_DEINTERLEAVED = {x16: source for source, x16 in INTERLEAVED.items()} | {Q5_0_X16_SUMS: Q5_0}
+# The layouts a draft model's matrices take instead (same bytes, another float definition: a draft's bits decide
+# no output, and these take less work a token in prompt reads and multi-row passes).
+DRAFT_LAYOUTS = {Q5_0_X16: Q5_0_X16_SUMS}

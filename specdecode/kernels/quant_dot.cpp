@@ -160,7 +160,8 @@ void quant_linear_into(const at::Tensor& x, const std::vector<at::Tensor>& parts
     const auto& p = parts[i];
     TORCH_CHECK(p.scalar_type() == at::kByte && p.dim() == 2 && p.is_contiguous(), "quant_linear: parts must be contiguous uint8 matrices");
     TORCH_CHECK(in % qk == 0 && p.size(1) == in / qk * bytes, "quant_linear: row size does not match the input size");
-    TORCH_CHECK((types[i] != qd_avx2::Q4_K_X16 && types[i] != qd_avx2::Q6_K_X16 && types[i] != qd_avx2::Q5_0_X16) ||
+    TORCH_CHECK((types[i] != qd_avx2::Q4_K_X16 && types[i] != qd_avx2::Q6_K_X16 && types[i] != qd_avx2::Q5_0_X16 &&
+                 types[i] != qd_avx2::Q5_0_X16_SUMS) ||
                     p.size(0) % 16 == 0,
                 "quant_linear: interleaved blocks come in groups of 16 rows");
     (is_k_type(types[i]) ? need_k : need_32) = true;

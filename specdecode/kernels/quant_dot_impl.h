@@ -27,6 +27,7 @@ constexpr int64_t Q4_K_UNPACKED = 112;  // not a ggml type: Q4_K repacked by rep
 constexpr int64_t Q4_K_X16 = 113;       // not ggml types: Q4_K and Q6_K with 16 rows interleaved (interleave_k,
 constexpr int64_t Q6_K_X16 = 114;       // Q4KX16 and Q6KX16)
 constexpr int64_t Q5_0_X16 = 115;       // not a ggml type: Q5_0 with 16 rows interleaved (Q50X16)
+constexpr int64_t Q5_0_X16_SUMS = 116;  // Q50X16's bytes, each block's sum taken whole first (Q50X16S): drafts only
 constexpr int MAX_M = 64;  // activation rows per call: a decode step, a verify block, a prefill chunk
 
 using Act = QdAct;  // the quantized activations of one call (quant_dot_paths.h), one type for every path
@@ -1039,6 +1040,52 @@ struct Q50X16 {
   static inline XF d(const uint8_t* g, int h) { return x_halfs(g + D + 2 * XL * h); }
 };
 
+// Q50X16's layout and integers under another float definition (tile_x16_sums): a block's 32 products are summed
+// whole in int32 before its one FMA, where Q5_0's own definition keeps 8 float lanes a row. Not llama.cpp's
+// rounding, so never a target's: a draft model's matrices take it (its bits decide no output, only what is
+// proposed), for a third of the float work per token and accumulators that fit in registers.
+struct Q50X16S : Q50X16 {};
+
+// One group of 16 rows of Q50X16S against tokens t0..t0+T-1. Per block and token, each row's exact integer sum
+// (the fold, then the 8 byte-dots of its 4-column lanes, chained), then acc = fma(float(sum), d * dx, acc), block
+// after block; the result acc + 0.0f. Every row and token on its own, as in the other tiles.
+template <class B, int T>
+void tile_x16_sums(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t ldy, int64_t perturb_token) {
+  constexpr int H = X16_HALVES;
+  const int64_t nblk = a.in / B::QK;
+  const bool perturb = perturb_token >= t0 && perturb_token < t0 + T;
+  XF acc[T][H], odd[H];  // odd: only the tests' broken variant (a token's odd blocks summed apart)
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) acc[t][h] = x_set1(0.0f);
+  for (int h = 0; h < H; ++h) odd[h] = x_set1(0.0f);
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    const uint8_t* g = w + blk * B::GROUP_BYTES;
+    for (int h = 0; h < H; ++h) {
+      XI wv[8];
+      for (int j = 0; j < 8; ++j) wv[j] = B::weights(g, h, j);
+      const XF d = B::d(g, h);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) {
+        const int64_t tok = t0 + t;
+        const int8_t* x = a.bq + tok * a.in + 32 * blk;
+        XI s = x_set1_i32(B::fold(a.bsum[tok * nblk + blk]));
+        for (int j = 0; j < 8; ++j) s = x_dot4(s, wv[j], x + 4 * j);
+        const XF scale = x_mul(d, x_set1(a.bd[tok * nblk + blk]));
+        if (perturb && tok == perturb_token && (blk & 1)) odd[h] = x_fma(x_cvt(s), scale, odd[h]);
+        else acc[t][h] = x_fma(x_cvt(s), scale, acc[t][h]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      XF r = acc[t][h];
+      if (t0 + t == perturb_token) r = x_addf(r, odd[h]);
+      alignas(64) float out[XL];
+      x_storef(out, x_addf(r, x_set1(0.0f)));
+      memcpy(y + t * ldy + XL * h, out, sizeof out);
+    }
+}
+
 // One group of 16 rows of a 32-weight type against tokens t0..t0+T-1: tile_lanes()'s integers and float
 // operations for every row at once. Per block and token, lane vector j holds each row's exact sum over columns
 // 4j..4j+3 (plus the fold in lane 0), then acc[j] = fma(float(sum), d * dx, acc[j]); at the end the 8 lanes
@@ -1228,7 +1275,10 @@ void tile_q4k_amx(const Act& a, int64_t t0, const uint8_t* w, float* y, int64_t 
 
 // One group of 16 rows against every token: tiles of X16_TOKENS, then the remainder. On the AMX path Q4_K
 // takes tiles of 32 tokens first (each scaled weight tile then serves both halves).
-template <class B, int T = (B::K ? X16_TOKENS : X16_LANE_TOKENS)>
+template <class B>
+constexpr bool block_sums = std::is_same_v<B, Q50X16S>;
+
+template <class B, int T = (B::K || block_sums<B> ? X16_TOKENS : X16_LANE_TOKENS)>
 void group_tokens(const Act& a, int64_t t, int64_t M, const uint8_t* w, float* y, int64_t ldy, int64_t perturb) {
 #if QD_AMX
   if constexpr (std::is_same_v<B, Q4KX16> && T == X16_TOKENS) {
@@ -1239,6 +1289,7 @@ void group_tokens(const Act& a, int64_t t, int64_t M, const uint8_t* w, float* y
   if constexpr (T > 0) {
     for (; t + T <= M; t += T) {
       if constexpr (B::K) tile_x16<B, T>(a, t, w, y + t * ldy, ldy, perturb);
+      else if constexpr (block_sums<B>) tile_x16_sums<B, T>(a, t, w, y + t * ldy, ldy, perturb);
       else tile_x16_lanes<B, T>(a, t, w, y + t * ldy, ldy, perturb);
     }
     group_tokens<B, T - 1>(a, t, M, w, y, ldy, perturb);
@@ -1246,7 +1297,8 @@ void group_tokens(const Act& a, int64_t t, int64_t M, const uint8_t* w, float* y
 }
 
 template <class B>
-constexpr bool interleaved = std::is_same_v<B, Q4KX16> || std::is_same_v<B, Q6KX16> || std::is_same_v<B, Q50X16>;
+constexpr bool interleaved = std::is_same_v<B, Q4KX16> || std::is_same_v<B, Q6KX16> || std::is_same_v<B, Q50X16> ||
+                             std::is_same_v<B, Q50X16S>;
 
 // Output rows [begin, end) of one part (row o of the part at w + o * row bytes, its outputs at y[o]).
 template <class B>
@@ -1278,6 +1330,7 @@ bool visit_type(int64_t type, F&& f) {
     case Q4_K_X16: f(Q4KX16{}); return true;
     case Q6_K_X16: f(Q6KX16{}); return true;
     case Q5_0_X16: f(Q50X16{}); return true;
+    case Q5_0_X16_SUMS: f(Q50X16S{}); return true;
     case 14: f(Q6K{}); return true;
     default: return false;
   }
@@ -1301,7 +1354,7 @@ void run_all(const Act& a, int64_t M, const std::vector<const uint8_t*>& parts, 
     // thread, so that no thread waits long at the end of the call for another's last chunk.
     const int64_t balanced = (rows_of[i] + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
     int64_t rows = std::max<int64_t>(8, std::min(CHUNK_BYTES / row_bytes, balanced));
-    if (types[i] == Q4_K_X16 || types[i] == Q6_K_X16 || types[i] == Q5_0_X16) rows = (rows + 15) / 16 * 16;
+    if (types[i] == Q4_K_X16 || types[i] == Q6_K_X16 || types[i] == Q5_0_X16 || types[i] == Q5_0_X16_SUMS) rows = (rows + 15) / 16 * 16;
     chunk_rows.push_back(rows);
     first_chunk.push_back(first_chunk.back() + (rows_of[i] + chunk_rows[i] - 1) / chunk_rows[i]);
     first_col.push_back(first_col.back() + rows_of[i]);

@@ -10,12 +10,14 @@ from .native import load_kernel
 from .block_types import (  # noqa: F401  (the block types, read from here by the package and the tests)
     _DEINTERLEAVED,
     _INTERNAL_BLOCKS,
+    DRAFT_LAYOUTS,
     INTERLEAVED,
     Q4_K,
     Q4_K_UNPACKED,
     Q4_K_X16,
     Q5_0,
     Q5_0_X16,
+    Q5_0_X16_SUMS,
     Q6_K,
     Q6_K_X16,
     Q8_0,
@@ -111,6 +113,12 @@ class QuantWeight:
         return QuantWeight([(block_type, blocks.index_select(0, index))])
 
     def contiguous(self) -> "QuantWeight":
+        return self
+
+    def as_draft(self) -> "QuantWeight":
+        """The same blocks under the draft models' cheaper float definitions (block_types.DRAFT_LAYOUTS): the same
+        bytes and integers, other roundings, each row still computed on its own."""
+        self.types = [DRAFT_LAYOUTS.get(t, t) for t in self.types]
         return self
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:

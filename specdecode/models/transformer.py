@@ -225,6 +225,16 @@ class Transformer(nn.Module):
     def output_weight(self) -> torch.Tensor:
         return self.embed if self.lm_head is None else self.lm_head
 
+    def use_draft_arithmetic(self) -> None:
+        """For a model loaded to draft only: its int8 matrices take the draft layouts (kernels' QuantWeight.as_draft),
+        whose roundings differ from the file's definition but take less work in prompt reads and multi-row passes.
+        Never for a target (its bits are the output), nor for a model object a target may share."""
+        for layer in self.layers:
+            for name in ("qkv", "out_proj", "gate_up", "down"):
+                weight = getattr(layer, name)
+                if isinstance(weight, kernels.QuantWeight):
+                    weight.as_draft()
+
     def set_vocab_subset(self, token_ids: torch.Tensor | None) -> None:
         if self.exact_pass is not None:  # passes captured with the old head would read it after it is freed
             self.exact_pass.forget_graphs()

@@ -240,6 +240,49 @@ def test_the_interleaved_row_check_fails_when_one_rows_summation_order_changes(k
         assert_a_broken_row_is_caught(kernel, parts, rows)
 
 
+def draft_sums(kernel, parts):
+    """Q5_0 parts in the draft models' layout (kernels.Q5_0_X16_SUMS): Q5_0_X16's bytes, each block's sum whole."""
+    return [(kernels.Q5_0_X16_SUMS, blocks) for _, blocks in interleaved(kernel, parts)]
+
+
+def test_the_draft_q5_0_layout_has_the_right_values_and_every_row_its_own_bits(kernel):
+    """The draft models' Q5_0 (block sums whole before their one FMA, where Q5_0 keeps 8 float lanes): against
+    float64 arithmetic on the same integers, every row of blocks of 1..40 tokens (tiles of 8, remainders) bitwise
+    the row alone on every path, the paths alike; and its roundings are not Q5_0's (it is for drafts only)."""
+    parts, dense = make_parts(("Q5_0",), 48, 224, seed=13)
+    sums = draft_sums(kernel, parts)
+    x = torch.randn(40, 224, generator=torch.Generator().manual_seed(4)) * 3
+    reference = quantized_activations(x.numpy(), 32) @ dense.T
+    results = {}
+    for isa in isa_paths(kernel):
+        y = run(kernel, x, sums, isa)
+        assert np.abs(y.numpy() - reference).max() <= 1e-5 * np.abs(reference).max(), isa
+        alone = torch.cat([run(kernel, x[i : i + 1], sums, isa) for i in range(40)])
+        for rows in (1, 2, 7, 8, 9, 16, 23, 40):
+            assert torch.equal(run(kernel, x[:rows], sums, isa), alone[:rows]), (isa, rows)
+        assert not torch.equal(y, run(kernel, x, parts, isa)), isa
+        results[isa] = y
+    assert all(torch.equal(y, results["avx2"]) for y in results.values())
+
+
+def test_the_draft_q5_0_row_check_fails_when_one_rows_summation_order_changes(kernel):
+    sums = draft_sums(kernel, make_parts(("Q5_0",), 32, 768, seed=12)[0])
+    for rows in (5, 8, 9, 16, 40):
+        assert_a_broken_row_is_caught(kernel, sums, rows)
+
+
+def test_a_draft_model_takes_the_draft_layouts_and_a_target_keeps_the_files(kernel):
+    """QuantWeight.as_draft relabels Q5_0_X16 only; the rows it selects back out (a draft's head) are Q5_0's."""
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(5))
+    q5 = kernels.QuantWeight(make_parts(("Q5_0",), 32, 512, seed=9)[0])
+    target_bits = q5.matmul(x)
+    q4 = kernels.QuantWeight(make_parts(("Q4_K",), 32, 512, seed=9)[0]).as_draft()
+    assert q4.types == [kernels.Q4_K_X16]
+    assert q5.as_draft().types == [kernels.Q5_0_X16_SUMS]
+    assert not torch.equal(q5.matmul(x), target_bits)
+    assert q5.index_select(0, torch.tensor([7, 30])).types == [6]
+
+
 def test_quant_weight_unpacks_q4_k(kernel):
     parts, _ = make_parts(("Q4_K",), 64, 512, seed=9)
     weight = kernels.QuantWeight(parts)
