@@ -267,14 +267,40 @@ class GenerationTuning:
         """For a multi-source drafter: is drafting with its model worth it now? Not where its expected speedup
         (`model_speedup`) is below 1, except for a probe now and then (after `params.probe_every` refused chances,
         then twice as many after each probe: a request that keeps losing probes ever more rarely), nor where
-        reading the prompt into it would cost more than drafting the rest of the answer can save."""
+        reading the prompt into it would cost more than drafting the rest of the answer can save.
+
+        A probe against a losing record that must first read the prompt waits until that read, with two failed
+        probe steps, is at most `params.explore_read_share` of the request's time so far: exploring is what such a
+        probe is for, and the record says it will likely lose what it spends, so only long answers, where that is a
+        small share, pay for it. A short first-seen answer (a 17-token translation, about a second) otherwise lost
+        a tenth of its time to a read and probes on every request of a client whose requests the draft predicts
+        badly (issue 66)."""
         speedup = self.model_speedup()
-        if speedup is not None and speedup < 1.0 and not self._probe_due():
-            return False
         unread = self.drafter.model.unread_tokens(context)
+        if speedup is not None and speedup < 1.0:
+            self.model_refusals += 1
+            if self.model_refusals < self.probe_gap or (unread > 2 and not self._exploring_read_is_small(unread)):
+                return False  # a due probe stays due until its read is small enough
+            self.model_refusals = 0
+            self.probe_gap *= 2
+            return True
         expected = speedup if speedup is not None else self.params.prior_speedup
         return unread <= 2 or self.draft_prefill_pays(self.budget, self.generated, "draft", unread,
                                                       self.params.auto_answer_credit, expected)
+
+    def _exploring_read_is_small(self, unread: int) -> bool:
+        """Whether reading `unread` prompt tokens into the draft model and two failed probe steps (a draft pass and
+        the verify block's extra row each) cost at most `params.explore_read_share` of this request's time so far
+        (its prefill and the steps run). Unknown costs: not small."""
+        plain, draft = self.costs.target_cost(1), self.costs.draft_cost("draft")
+        pair = self.costs.target_cost(2)
+        if plain is None or draft is None or pair is None:
+            return False
+        per_token = self.tuner.draft_prefill_cost.get("draft")
+        if per_token is None:
+            per_token = self.target_prefill / max(1, self.prompt_len) * draft / plain
+        spent = per_token * unread + 2 * (draft + max(0.0, pair - plain))
+        return spent <= self.params.explore_read_share * (self.target_prefill + self.generated * plain)
 
     def model_speedup(self) -> float | None:
         """The draft model's expected speedup over plain decoding for the rest of this request: its own model
@@ -290,13 +316,6 @@ class GenerationTuning:
         weight = self.params.request_prior_steps
         return (self.model_tokens + weight * prior) / (self.model_seconds + weight * plain) * plain
 
-    def _probe_due(self) -> bool:
-        self.model_refusals += 1
-        if self.model_refusals < self.probe_gap:
-            return False
-        self.model_refusals = 0
-        self.probe_gap *= 2
-        return True
 
 
 class SourceRules(StopRule):

@@ -47,6 +47,9 @@ class TuningParams:
     # ... where auto would read the prompt into its draft model: copies may serve the answer's first tokens, and
     # a first-seen short answer (a translation, 17 tokens) never repaid the read (issue 66)
     auto_answer_credit: int = 16
+    # ... and where this client's record says the draft model loses, a probe that must read the prompt first waits
+    # until the read and two failed probe steps are at most this share of the request's time so far
+    explore_read_share: float = 0.05
     probe_speedup_floor: float = 1.2  # a losing history still lets a probe explore, judged at this speedup
     prefill_min_tokens: int = 16  # shorter reads are mostly fixed overhead and say little about cost per token
     prefill_cost_keep: float = 0.5  # weight of the older measurement of the prefill cost per token

@@ -309,6 +309,26 @@ def test_a_losing_history_alone_refuses_the_model_but_probes_it():
     assert chances == [False] * 11 + [True]
 
 
+def test_against_a_losing_record_a_probe_reads_the_prompt_only_once_that_is_a_small_share_of_the_request():
+    """Issue 66: where this client's requests lost with the draft model, a due probe that must first read the
+    prompt waits until the read and two failed probe steps cost at most 5% of the request so far; it stays due
+    meanwhile. (Before, a 40-token read was paid at the 12th refused chance, 10 tokens into an answer that lost a
+    tenth of its time to it.)"""
+    tuning = _auto_tuning(history=0.8)
+    tuning.target_prefill = 1.0
+    tuning.tuner.draft_prefill_cost["draft"] = 0.01
+    tuning.drafter.model.unread = 40  # 0.4 s of reading; two failed probes 2 x (0.1 + 0.04) s: 0.68 s in all
+    tuning.generated = 10  # 1 s of prefill and 10 steps of 0.33 s so far: 5% is 0.22 s
+    assert not any(tuning.model_pays([1]) for _ in range(30))
+    tuning.generated = 38  # 0.68 s is 5% of 1 + 38 x 0.33 = 13.54 s: at 38.2 tokens
+    assert not tuning.model_pays([1])
+    tuning.generated = 39
+    assert tuning.model_pays([1])  # the due probe, at once
+    assert not any(tuning.model_pays([1]) for _ in range(23)) and tuning.model_pays([1])  # then 24 chances later
+    tuning.drafter.model.unread = 0  # a prompt already read costs no exploring read: probes come as before
+    assert [tuning.model_pays([1]) for _ in range(48)] == [False] * 47 + [True]
+
+
 def test_a_draft_pass_timed_on_a_busy_machine_follows_the_single_step_once_it_is_quiet():
     """Issue 66: a start-up measurement taken while another process had the cores (kept on disk for later
     processes) made a draft pass look dearer than a target step; the model then never drafted, so its cost was
