@@ -1307,6 +1307,58 @@ def tile_sweep(report, models, bandwidth, tiny):
     report.section("whole passes under other fixed tiles", lines, data)
 
 
+# Per-shape candidates: (block_n, split, warps, stages), split 0 meaning the default rule's; the defaults first
+SHAPE_CANDIDATES = [(64, 0, 4, 3), (32, 0, 4, 3), (128, 0, 4, 3), (64, 256, 4, 3), (64, 1024, 4, 3),
+                    (64, 0, 8, 4), (32, 256, 4, 4), (128, 1024, 8, 3)]
+
+
+def shape_tiles(report, models, tiny):
+    """Issue 64: each product shape of each model (QKV, output, gate|up, down) under other tiles of its own
+    (Tiles.shapes: chosen by N and K, never by rows), graph-timed at 1 and 8 rows with its splits summed. A shape
+    keeps the fastest candidate at 1 row whose 8-row time is within 5% of the defaults'; the table is printed as
+    the Python to paste into Tiles.shapes."""
+    import dataclasses
+
+    from specdecode.gpu.exact_pass import ExactPass, ShapeTiles
+
+    lines = ["| model | shape N x K | default: 1 row / 8 rows | chosen | chosen: 1 row / 8 rows | 1 row: chosen / default |",
+             "|---|---|---|---|---|---|"]
+    table, data = {}, []
+    candidates = SHAPE_CANDIDATES[:2] if tiny else SHAPE_CANDIDATES
+    for name, model in models.items():
+        layer, c = model.layers[0], model.config
+        saved = model.exact_pass
+        device = model.embed.device
+        for weight in (layer.qkv, layer.out_proj, layer.gate_up, layer.down):
+            n, k = weight.shape
+            times = {}
+            for cand in candidates:
+                tiles = dataclasses.replace(saved.tiles, shapes=(((n, k), ShapeTiles(*cand)),))
+                runner = ExactPass(model, tiles)
+                try:
+                    times[cand] = {rows: graph_timed(lambda x=torch.randn(rows, k, device=device, dtype=runner.act_dtype):
+                                                     product_and_sum(runner, x, weight)) for rows in (1, 8)}
+                except Exception as exc:  # noqa: BLE001  a tile the compiler refuses is reported, not fatal
+                    print(f"shape tiles {name} {n}x{k} {cand}: {exc}", flush=True)
+            base = times.get(candidates[0])
+            if base is None:
+                continue
+            fine = [cand for cand, t in times.items() if t[8] <= 1.05 * base[8]]
+            best = min(fine, key=lambda cand: times[cand][1])
+            if best != candidates[0]:
+                table[(n, k)] = best
+            data.append(dict(model=name, n=n, k=k, times={str(cand): t for cand, t in times.items()}, chosen=best))
+            lines.append(f"| {name} | {n} x {k} | {base[1] * 1e6:.1f} / {base[8] * 1e6:.1f} us | {best} |"
+                         f" {times[best][1] * 1e6:.1f} / {times[best][8] * 1e6:.1f} us |"
+                         f" {times[best][1] / base[1]:.3f} |")
+        model.exact_pass = saved
+    pasted = ", ".join(f"(({n}, {k}), ShapeTiles{cand})" for (n, k), cand in sorted(table.items()))
+    lines.append(f"\nTiles.shapes for this device: `({pasted},)`" if table else "\nNo shape beat the defaults.")
+    lines.append("(graph replays of 10 products with their splits summed; candidates (block_n, split, warps,"
+                 " stages); the exact rows under a table: tests/gpu/test_triton_rows.py)")
+    report.section("tiles per weight shape", lines, data)
+
+
 def speed(report, models, hfs, bandwidth, tiny):
     tokens = 4 if tiny else 128
     lines = ["| shape | weights read per token | bandwidth bound | specdecode plain | % of bound |"
@@ -1386,7 +1438,7 @@ def main():
     parser.add_argument("--out", default="gpu-check-out")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU runs them through Triton's interpreter)")
     parser.add_argument("--parts", default="exact,exact7b,rounds,sampling,verdicts,pdl,agree,7b,speed,cost,blocks,"
-                                               "profile,tiles")
+                                               "profile,tiles,shape_tiles")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds after which no further part starts (the parts run in order of importance;"
                              " default 330, none with --tiny: the interpreter's run is a try of the script)")
@@ -1456,6 +1508,7 @@ def main():
     run("blocks", block_speed, report, models, hfs, bandwidth, args.tiny)
     run("profile", profile_pass, report, {k: v for k, v in models.items() if k != "0.5b"})
     run("tiles", tile_sweep, report, {k: v for k, v in models.items() if k != "0.5b"}, bandwidth, args.tiny)
+    run("shape_tiles", shape_tiles, report, models, args.tiny)
     print(f"done in {time.perf_counter() - started:.0f}s", flush=True)
 
 

@@ -32,6 +32,17 @@ META = 6
 
 
 @dataclass(frozen=True)
+class ShapeTiles:
+    """A product's launch for one weight shape, where a device sweep found another faster than the defaults (chosen
+    by the matrix's N and K, never by rows: every pass multiplies a matrix the same way, so rows stay exact)."""
+
+    block_n: int = 64
+    split: int = 0  # the reduction length of one split (a multiple of block_k); 0: Tiles.split_size's rule
+    warps: int = 4
+    stages: int = 3
+
+
+@dataclass(frozen=True)
 class Tiles:
     """The kernels' fixed shapes. None of them may depend on a pass's row count: they decide how every row is
     summed. attn_split is the attention segment (keys merged per segment, segments merged in order)."""
@@ -67,10 +78,27 @@ class Tiles:
     # waits at its start for it to finish (triton_kernels._after_previous), hiding the gap between kernels. No value
     # changes; off until a device run has measured it (scripts/gpu_check.py, part pdl). Not in the interpreter.
     pdl: bool = False
+    # Per weight shape ((N, K), ShapeTiles) pairs: the products of those shapes launch so (`for_shape`); others, and
+    # every kernel but the products, keep the fields above. Empty until a device sweep chooses (scripts/gpu_check.py,
+    # part shape_tiles, prints the table it found).
+    shapes: tuple = ()
+    split: int = 0  # set by for_shape only: this shape's split length
+
+    def for_shape(self, n: int, k: int) -> "Tiles":
+        """The tiles a product over an [n, k] matrix launches with: a function of the matrix alone."""
+        for key, chosen in self.shapes:
+            if key == (n, k):
+                if chosen.split % self.block_k:
+                    raise ValueError(f"a split of {chosen.split} for [{n}, {k}]: not a multiple of {self.block_k}")
+                return dataclasses.replace(self, block_n=chosen.block_n, split=chosen.split, warps=chosen.warps,
+                                           stages=chosen.stages, shapes=())
+        return self
 
     def split_size(self, k: int) -> int:
         """Reduction length of one split of a product over k: from k alone (about k/8, so that small row counts
-        still fill the device), a multiple of block_k."""
+        still fill the device), a multiple of block_k; or the split a shape's tiles chose."""
+        if self.split:
+            return self.split
         target = min(self.max_split, triton_next_pow2(k) // 8)
         return max(self.block_k, target // self.block_k * self.block_k)
 
@@ -140,7 +168,8 @@ class ExactPass:
         self.scratch_limit = 1 << 28
         # Arrival counts of fused split sums: enough for 4,096 rows of the widest product (the head)
         widest = max(c.vocab_size, c.q_size + 2 * c.kv_size, 2 * c.intermediate_size)
-        self._counts = [torch.zeros(-(-4096 // tiles.block_m) * -(-widest // tiles.block_n), dtype=torch.int32,
+        narrowest = min([tiles.block_n] + [chosen.block_n for _, chosen in tiles.shapes])
+        self._counts = [torch.zeros(-(-4096 // tiles.block_m) * -(-widest // narrowest), dtype=torch.int32,
                                     device=model.device)]
 
     # ------------------------------------------------------------------ caches
@@ -309,7 +338,7 @@ class ExactPass:
         act(gate) * up there instead (act: SiLU, or GELU where gelu)."""
         rows, k = x.shape
         n = weight.shape[0]
-        t = self.tiles
+        t = self.tiles.for_shape(n, k)
         check_shape(weight, t)
         split = t.split_size(k)
         splits = -(-k // split)

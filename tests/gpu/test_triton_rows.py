@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from specdecode.gpu.exact_pass import ExactPass
+from specdecode.gpu.exact_pass import ExactPass, ShapeTiles, Tiles
 from specdecode.models.transformer import Segment, tree_mask, tree_positions
 from gpu_models import TEST_TILES, tiny_gpu_model
 from testlib import tokens_for
@@ -205,6 +205,47 @@ def test_the_test_tiles_split_every_product_and_the_attention():
     for k in (c.hidden_size, c.q_size, c.intermediate_size):
         assert -(-k // TEST_TILES.split_size(k)) > 1
     assert model.new_cache().max_len // TEST_TILES.attn_split >= 4
+
+
+# ------------------------------------------------------------------ tiles per weight shape
+def shape_table(model, block_n: int, split: int) -> Tiles:
+    """TEST_TILES with other tiles for every product shape of `model` but the head (warps and stages left alone: the
+    interpreter does not run them)."""
+    c = model.config
+    shapes = {(c.q_size + 2 * c.kv_size, c.hidden_size), (c.hidden_size, c.q_size),
+              (2 * c.intermediate_size, c.hidden_size), (c.hidden_size, c.intermediate_size)}
+    return dataclasses.replace(TEST_TILES, shapes=tuple((shape, ShapeTiles(block_n=block_n, split=split))
+                                                         for shape in sorted(shapes)))
+
+
+def test_tiles_chosen_per_weight_shape_keep_every_row_exact_and_take_effect():
+    """Issue 64: a product launches with the tiles its [N, K] chose (Tiles.shapes, from a device sweep); rows stay
+    exact, since the choice never sees the rows, and the table acts (another split of K gives other bits)."""
+    plain = tiny_gpu_model()
+    tiles = shape_table(plain, block_n=64, split=64)
+    model = tiny_gpu_model(tiles=tiles)
+    assert blocks_match_steps(model, SHORT_BLOCKS) == []
+    tokens = tokens_for(model, PROMPT, seed=5)
+    assert not torch.equal(model(tokens, model.new_cache()), plain(tokens, plain.new_cache()))
+    assert tiles.for_shape(7, 7) is tiles and tiles.for_shape(*tiles.shapes[0][0]).split_size(7) == 64
+
+
+class ShapeTableFromFourRows(ExactPass):
+    """Broken: the per-shape table consulted from 4 rows on (tiles chosen by rows as well as by the matrix)."""
+
+    def product(self, x, weight, **gated):
+        if x.shape[0] >= 4:
+            return super().product(x, weight, **gated)
+        self.tiles, saved = dataclasses.replace(self.tiles, shapes=()), self.tiles
+        try:
+            return super().product(x, weight, **gated)
+        finally:
+            self.tiles = saved
+
+
+def test_the_block_check_catches_a_shape_table_chosen_by_rows():
+    tiles = shape_table(tiny_gpu_model(), block_n=64, split=64)
+    assert blocks_match_steps(tiny_gpu_model(pass_type=ShapeTableFromFourRows, tiles=tiles), SHORT_BLOCKS) != []
 
 
 # ------------------------------------------------------------------ fused split sums
