@@ -89,6 +89,14 @@ class Ticket:
         return collect_result(self.events, list(self.request.prompt_ids))
 
 
+def ran_as_one_block(model, segments, rows: int) -> bool:
+    """Whether a pass's rows ran as one block (forward_batch): then it cost what a block of that many rows costs,
+    which the cost model may also read as the machine's level. Where rows are not exact (no kernel) or a pass holds
+    more rows than stay exact, its sequences ran alone or in groups and it cost about the sum of its parts:
+    recorded as one block, it would move that level as if the machine had slowed down."""
+    return len(segments) == 1 or rows <= getattr(model, "batch_rows", 0)
+
+
 class BatchEngine:
     """Runs up to max_batch generations at once on one Engine's models (not thread-safe: one thread calls it).
 
@@ -215,7 +223,7 @@ class BatchEngine:
         seconds = time.perf_counter() - t0
         rows = sum(seg.rows for seg in segments)
         self.passes, self.last_rows, self.last_batch = self.passes + 1, rows, len(planned) + len(reads)
-        if not reads:
+        if not reads and ran_as_one_block(self.engine.target.model, segments, rows):
             self.engine.tuner.costs.record_target(rows, seconds)
         solo = len(segments) == 1
         choices, verdicts = greedy_together([t.generation for t in planned], logits, self.device_verdicts,
