@@ -17,6 +17,7 @@ import torch
 
 from . import pass_timings
 from .drafters.base import ChainRound, DraftSteps, answer_rounds
+from .drafters.draft_model import top_tensors
 
 
 class Proposal:
@@ -105,9 +106,7 @@ def _read_ahead(model, members: list[Proposal], outputs: list) -> list:
               if out is not None and getattr(p.generation.drafter.model_drafter, "read_ahead", False) is not False]
     if len(wanted) < 2:
         return outputs
-    rows = [outputs[i][-1] for i in wanted]
-    values = torch.stack([v for row in rows for v in (torch.softmax(row.float(), -1).max().double(),
-                                                      row.argmax().double())]).tolist()
+    values = torch.stack([v for i in wanted for v in top_tensors(outputs[i][-1])]).tolist()
     outputs = list(outputs)
     for n, i in enumerate(wanted):
         outputs[i] = ReadAhead(outputs[i], (values[2 * n], int(values[2 * n + 1])))

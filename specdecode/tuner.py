@@ -149,15 +149,23 @@ class GenerationTuning:
             return True
         # A losing history still lets a probe explore, judged at a modest speedup.
         speedup = max(self.policy.prior_speedup if speedup is None else speedup, self.params.probe_speedup_floor)
-        per_token = self.tuner.draft_prefill_cost.get(name)
+        per_token = self._read_cost(name)
         if per_token is None:
-            draft = self.costs.draft_cost(name)
-            if draft is None:
-                return True
-            per_token = self.target_prefill / max(1, self.prompt_len) * draft / plain
+            return True
         expected_left = min(budget, max(generated, self.params.answer_credit if credit is None else credit))
         saving = expected_left * plain * (1.0 - 1.0 / speedup)
         return saving > per_token * unread
+
+    def _read_cost(self, name: str) -> float | None:
+        """Seconds a draft model `name` takes to read a prompt token: measured on earlier reads, else this
+        generation's target prefill per token scaled by the draft/target step cost ratio (None: no costs yet)."""
+        per_token = self.tuner.draft_prefill_cost.get(name)
+        if per_token is not None:
+            return per_token
+        plain, draft = self.costs.target_cost(1), self.costs.draft_cost(name)
+        if plain is None or draft is None:
+            return None
+        return self.target_prefill / max(1, self.prompt_len) * draft / plain
 
     def observe_draft_prefill(self, seconds: float) -> None:
         """The draft model has read the prompt, in `seconds`."""
@@ -293,12 +301,9 @@ class GenerationTuning:
         the verify block's extra row each) cost at most `params.explore_read_share` of this request's time so far
         (its prefill and the steps run). Unknown costs: not small."""
         plain, draft = self.costs.target_cost(1), self.costs.draft_cost("draft")
-        pair = self.costs.target_cost(2)
-        if plain is None or draft is None or pair is None:
+        pair, per_token = self.costs.target_cost(2), self._read_cost("draft")
+        if plain is None or draft is None or pair is None or per_token is None:
             return False
-        per_token = self.tuner.draft_prefill_cost.get("draft")
-        if per_token is None:
-            per_token = self.target_prefill / max(1, self.prompt_len) * draft / plain
         spent = per_token * unread + 2 * (draft + max(0.0, pair - plain))
         return spent <= self.params.explore_read_share * (self.target_prefill + self.generated * plain)
 

@@ -26,11 +26,17 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return i
 
 
+def top_tensors(logits: torch.Tensor, confidence: bool = True, argmax: bool = True) -> list[torch.Tensor]:
+    """The row's top probability and argmax as float64 scalars where they are (those asked for, in that order), for
+    a caller that reads them with others at once (batch_draft's read-ahead)."""
+    return ([torch.softmax(logits.float(), -1).max().double()] if confidence else []) + \
+        ([logits.argmax().double()] if argmax else [])
+
+
 def top_choice(logits: torch.Tensor, confidence: bool, argmax: bool) -> tuple[float, int | None]:
     """The row's top probability (NaN where not asked) and argmax (None where not asked), read to the host at once:
     on a GPU each read waits for the device."""
-    wanted = ([torch.softmax(logits.float(), -1).max().double()] if confidence else []) + \
-        ([logits.argmax().double()] if argmax else [])
+    wanted = top_tensors(logits, confidence, argmax)
     values = torch.stack(wanted).tolist() if wanted else []
     top = values.pop(0) if confidence else float("nan")
     return top, (int(values[0]) if argmax else None)

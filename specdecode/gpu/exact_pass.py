@@ -169,6 +169,7 @@ class ExactPass:
         # Arrival counts of fused split sums: enough for 4,096 rows of the widest product (the head)
         widest = max(c.vocab_size, c.q_size + 2 * c.kv_size, 2 * c.intermediate_size)
         narrowest = min([tiles.block_n] + [chosen.block_n for _, chosen in tiles.shapes])
+        self._shape_tiles: dict[tuple, Tiles] = {}  # Tiles.for_shape by (tiles, N, K)
         self._counts = [torch.zeros(-(-4096 // tiles.block_m) * -(-widest // narrowest), dtype=torch.int32,
                                     device=model.device)]
 
@@ -338,7 +339,12 @@ class ExactPass:
         act(gate) * up there instead (act: SiLU, or GELU where gelu)."""
         rows, k = x.shape
         n = weight.shape[0]
-        t = self.tiles.for_shape(n, k)
+        t = self.tiles
+        if t.shapes:  # chosen once per tiles and matrix shape: eager passes (prompt chunks) run this every product
+            key = (t, n, k)
+            if key not in self._shape_tiles:
+                self._shape_tiles[key] = t.for_shape(n, k)
+            t = self._shape_tiles[key]
         check_shape(weight, t)
         split = t.split_size(k)
         splits = -(-k // split)
