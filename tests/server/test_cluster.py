@@ -286,15 +286,22 @@ def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it
     results: list[dict] = []
     killed = threading.Event()
     kill_lock = threading.Lock()
+    queued_at_kill: list[bool] = []
+
+    def victim_queue() -> int:
+        return get(cluster + "/health").json()["replica_states"].get(victim, {}).get("queue_depth", 0)
 
     def kill_at_the_victims_first_chunk(replica: str) -> None:
-        # The victim has just started its first generation and holds others in its queue: both cases happen. On a
-        # busy machine the first chunk can come before the last clients' requests reach the entry point, so the kill
-        # waits until all sixteen have gone to a replica (the entry point's live count).
+        # The victim has just started its first generation and must hold others in its queue: both cases happen. On a
+        # busy machine the first chunk can come before the last clients' requests reach the entry point, or before
+        # Ray has delivered them to a replica, so the kill waits until all sixteen are in flight (the entry point's
+        # live count) and the victim's own posted state shows a request waiting (posted each second; with one
+        # generation at a time and about half of sixteen sent there, its queue stays for seconds).
         with kill_lock:
             if replica == victim and not killed.is_set():
                 wait_until(lambda: get(cluster + "/health").json()["in_flight"] + len(results) >= 16, timeout=30,
                            interval=0.02)
+                queued_at_kill.append(wait_until(lambda: victim_queue() >= 1, timeout=30, interval=0.05))
                 os.kill(pids[victim], signal.SIGKILL)
                 killed.set()
 
@@ -319,6 +326,7 @@ def test_killing_a_replica_mid_stream_fails_only_its_streams_and_ray_restarts_it
     assert all(r["replica"] in (victim, None) for r in failed)  # only the victim's started streams fail
     assert all(r["replica"] == survivor and r["finish"] in ("length", "stop") for r in results if r["error"] is None)
     resent = re.search(r"^specdecode_resent_total (\S+)$", get(cluster + "/metrics").text, re.M)
+    assert queued_at_kill == [True], "the victim never showed a request waiting: the router sent it none to queue"
     assert float(resent.group(1)) >= 1  # the victim's queued requests went to the survivor
     # Ray starts a new replica; once it is ready, both serve again.
     assert wait_until(lambda: poll_get(cluster + "/health").json()["replicas_ready"] == 2, timeout=180, interval=0.5)
