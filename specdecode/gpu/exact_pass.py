@@ -83,6 +83,21 @@ class Tiles:
     # part shape_tiles, prints the table it found).
     shapes: tuple = ()
     split: int = 0  # set by for_shape only: this shape's split length
+    # The products' tiles computed transposed (weights on the MMA's M side, rows on its N side: linear_partial_kernel's
+    # SWAP_AB), with block_m the rows a tile holds: `swapped()` gives 16-row tiles, so a decode step's tile
+    # multiplies 16 rows where the 64-row tile multiplies 64, mostly padding. Every pass of a model takes them (a
+    # prompt chunk as 16-row tiles), so rows stay exact. Off until a device run has measured and checked it
+    # (scripts/gpu_check.py, part swap).
+    swap_ab: bool = False
+    # With fused_sums: the end of each sublayer (residual add and the next RMSNorm) runs in the output and down
+    # products' last tile of each row block (linear_partial_kernel's RESIDUAL), two launches a layer fewer. Off
+    # until a device run has checked and measured it: that tile ends its rows one after another (scripts/gpu_check.py,
+    # part epilogue).
+    fused_residual: bool = False
+
+    def swapped(self, rows: int = 16) -> "Tiles":
+        """These tiles with the products transposed over tiles of `rows` rows (16: the narrowest tile tl.dot takes)."""
+        return dataclasses.replace(self, swap_ab=True, block_m=rows)
 
     def for_shape(self, n: int, k: int) -> "Tiles":
         """The tiles a product over an [n, k] matrix launches with: a function of the matrix alone."""
@@ -172,6 +187,8 @@ class ExactPass:
         self._shape_tiles: dict[tuple, Tiles] = {}  # Tiles.for_shape by (tiles, N, K)
         self._counts = [torch.zeros(-(-4096 // tiles.block_m) * -(-widest // narrowest), dtype=torch.int32,
                                     device=model.device)]
+        # Arrival counts of the row blocks whose sublayer ends in a product (Tiles.fused_residual): 4,096 rows
+        self._row_counts = torch.zeros(-(-4096 // tiles.block_m), dtype=torch.int32, device=model.device)
 
     # ------------------------------------------------------------------ caches
     def new_cache(self, max_len: int):
@@ -333,10 +350,11 @@ class ExactPass:
 
     # ------------------------------------------------------------------ parts of a layer
     def product(self, x: torch.Tensor, weight: torch.Tensor, gated: torch.Tensor | None = None,
-                gelu: bool = False) -> tuple[torch.Tensor, int]:
+                gelu: bool = False, residual: tuple | None = None) -> tuple[torch.Tensor, int]:
         """The splits of x [rows, K] @ weight [N, K].T: float32 partial sums [splits, rows, N] and their count (one
         sum where the kernel adds them). gated [rows, N / 2]: weight is [gate | up] and the kernel writes
-        act(gate) * up there instead (act: SiLU, or GELU where gelu)."""
+        act(gate) * up there instead (act: SiLU, or GELU where gelu). residual (x, post, norm, h), with fused
+        sums: the kernel also ends the sublayer as _residual does (x += the product, h = the next norm)."""
         rows, k = x.shape
         n = weight.shape[0]
         t = self.tiles
@@ -349,7 +367,7 @@ class ExactPass:
         split = t.split_size(k)
         splits = -(-k // split)
         part = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
-        fuse = t.fused_sums and splits > 1 or gated is not None
+        fuse = t.fused_sums and (splits > 1 or residual is not None) or gated is not None
         summed = part
         if gated is not None:
             summed = gated
@@ -357,16 +375,29 @@ class ExactPass:
             summed = torch.empty(1, rows, n, dtype=torch.float32, device=x.device)
         # A matrix of GGUF blocks: one launch per run of one block type, each writing its columns of part
         parts = weight.parts if isinstance(weight, BlockWeight) else [BlockPart(0, 0, n, (weight,) * 6)]
+        end_args, end_consts = self._sublayer_end(residual, parts, t, n)
         for p in parts:
             grid = (-(-rows // t.block_m), -(-p.rows // t.block_n), splits)
             counts = self._arrivals(grid[0] * grid[1], x.device)
             self.k.linear_partial_kernel[grid](x, *p.kernel_arrays(), part, summed, counts, rows, p.rows, k, p.first,
-                                               n, splits, split, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                                               n, *end_args, splits, split, BLOCK_M=t.block_m,
+                                               BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                                                KIND=p.kind, DOT_F32=self.dot_f32, ROUND_BY_BITS=self.round_by_bits,
                                                FUSE_SUM=fuse, PAIRED=gated is not None, GELU=gelu,
-                                               REVERSED=t.reversed, num_warps=t.warps, num_stages=t.stages,
-                                               **self.pdl)
+                                               REVERSED=t.reversed, SWAP_AB=t.swap_ab, num_warps=t.warps,
+                                               num_stages=t.stages, **end_consts, **self.pdl)
         return (summed, 1) if fuse else (part, splits)
+
+    def _sublayer_end(self, residual: tuple | None, parts, t: Tiles, n: int) -> tuple[tuple, dict]:
+        """The product kernel's runtime arguments and constexprs for the end of a sublayer in its last tiles
+        (RESIDUAL), or for none (unused pointers)."""
+        if residual is None:
+            unused = self._row_counts
+            return (unused,) * 5 + (1, 0.0), {}
+        x, post, norm, h = residual
+        tiles = sum(-(-p.rows // t.block_n) for p in parts)  # a row block's tiles over every launch
+        args = (x, post if post is not None else x, norm, h, self._row_counts, tiles, self.model.config.rms_norm_eps)
+        return args, dict(RESIDUAL=True, HAS_POST=post is not None, NORM_N=n, NORM_BLOCK=triton_next_pow2(n))
 
     def _arrivals(self, tiles: int, device) -> torch.Tensor:
         """The products' arrival counts (int32 zeros; every launch leaves them zero, so launches share them). A
@@ -426,12 +457,20 @@ class ExactPass:
         model, c = self.model, self.model.config
         rows = x.shape[0]
         h = torch.empty(rows, c.hidden_size, dtype=self.act_dtype, device=x.device)
-        self._residual(self.product(attn, layer.out_proj), x, layer.post_attn_norm, layer.mlp_norm, h)
+        self._sublayer(attn, layer.out_proj, x, layer.post_attn_norm, layer.mlp_norm, h)
         act = self._gated(layer.gate_up, h)
         last = index + 1 == len(model.layers)
         following = model.final_norm if last else model.layers[index + 1].attn_norm
-        self._residual(self.product(act, layer.down), x, layer.post_mlp_norm, following, h)
+        self._sublayer(act, layer.down, x, layer.post_mlp_norm, following, h)
         return h
+
+    def _sublayer(self, inputs: torch.Tensor, weight, x: torch.Tensor, post, norm, h: torch.Tensor) -> None:
+        """A sublayer's last product and its end (x += it, h = RMSNorm(x) * norm): in the product's tiles where the
+        tiles say so (Tiles.fused_residual), else by _residual."""
+        if self.tiles.fused_sums and self.tiles.fused_residual:
+            self.product(inputs, weight, residual=(x, post, norm, h))
+        else:
+            self._residual(self.product(inputs, weight), x, post, norm, h)
 
     def _gated(self, gate_up, h: torch.Tensor) -> torch.Tensor:
         """act(gate) * up of the rows h [rows, hidden]: [rows, intermediate], in the product's tiles where they can

@@ -236,10 +236,13 @@ def _to_bfloat16(w, BY_BITS: tl.constexpr):
 
 @triton.jit(do_not_specialize=PASS_INTS)
 def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, part_ptr, sum_ptr, count_ptr,
-                          M, N, K, COL0, NT, SPLITS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          M, N, K, COL0, NT, res_x_ptr, post_w_ptr, norm_w_ptr, h_ptr, row_count_ptr, TILES, eps,
+                          SPLITS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, KIND: tl.constexpr, DOT_F32: tl.constexpr,
                           ROUND_BY_BITS: tl.constexpr, FUSE_SUM: tl.constexpr, PAIRED: tl.constexpr = False,
-                          GELU: tl.constexpr = False, REVERSED: tl.constexpr = False, PDL: tl.constexpr = False):
+                          GELU: tl.constexpr = False, REVERSED: tl.constexpr = False, PDL: tl.constexpr = False,
+                          SWAP_AB: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
+                          HAS_POST: tl.constexpr = False, NORM_N: tl.constexpr = 1, NORM_BLOCK: tl.constexpr = 16):
     """part[s, m, COL0 + n] = sum over k in split s of x[m, k] * w[n, k]: x [M, K], part float32 [SPLITS, M, NT].
     KIND 0: w [N, K] row-major (bfloat16 or float32; the other array arguments unused); a ggml type (gguf_blocks):
     w is a matrix of GGUF blocks in gguf_blocks.py's arrays, whose bfloat16 weights are rebuilt per tile, so the
@@ -253,7 +256,18 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
     pid_n BLOCK_N / 2 + i and its up column, and the tile's sum is act(gate) * up, stored to sum [M, INTER] in its
     dtype: the gated activation's own formula on the same sums, with no kernel of its own.
 
-    REVERSED (a check's twin): the programs take the splits last to first, so another split arrives last."""
+    REVERSED (a check's twin): the programs take the splits last to first, so another split arrives last.
+
+    SWAP_AB: the tile is computed transposed, weights [BLOCK_N, BLOCK_K] times rows [BLOCK_K, BLOCK_M], so the
+    weights take the MMA's M side and the rows its N side, where an MMA can be as narrow as 8 or 16: a decode step
+    padded to a 16-row tile multiplies 16 rows, not 64. The same products summed over the same K steps; used for
+    every pass of a model alike (Tiles.swap_ab), never chosen by the rows.
+
+    RESIDUAL (with FUSE_SUM; the product of a sublayer's end, NORM_N = NT its width): the end of the sublayer runs in the
+    product's last tile of each row block (a second arrival count per row block in row_count_ptr, TILES tiles a
+    row block over every launch of the product: one per run of GGUF block types). That tile applies
+    residual_norm_kernel's formula (_residual_norm_row) to each of the block's rows over the summed product, so the
+    sublayer needs no kernel of its own."""
     _after_previous(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -269,7 +283,10 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
     else:
         cols = pid_n * BLOCK_N + lanes
         live = cols < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(0, SPLIT, BLOCK_K):
         k0 = split * SPLIT + step
         ks = k0 + tl.arange(0, BLOCK_K)
@@ -279,7 +296,12 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
         else:
             w = _to_bfloat16(_block_weights(w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, cols, k0, N, K, KIND,
                                             BLOCK_N, BLOCK_K), ROUND_BY_BITS)
-        acc = _dot(x.to(w.dtype), tl.trans(w), acc, DOT_F32)
+        if SWAP_AB:
+            acc_t = _dot(w, tl.trans(x.to(w.dtype)), acc_t, DOT_F32)
+        else:
+            acc = _dot(x.to(w.dtype), tl.trans(w), acc, DOT_F32)
+    if SWAP_AB:
+        acc = tl.trans(acc_t)
     inside = (rows[:, None] < M) & live[None, :]
     # in 64 bits: splits x rows x columns passes 2^31 near 2,000 rows of a full head
     at = rows.to(tl.int64)[:, None] * NT + COL0 + cols[None, :]
@@ -301,14 +323,33 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
             else:
                 tl.store(sum_ptr + at, total, mask=inside)
             tl.atomic_xchg(tile, 0)  # zero again for the next launch (and the next replay of a graph)
+            if RESIDUAL:
+                _end_of_sublayer(sum_ptr, res_x_ptr, post_w_ptr, norm_w_ptr, h_ptr, row_count_ptr + pid_m, TILES,
+                                 pid_m * BLOCK_M, M, NORM_N, eps, HAS_POST, NORM_BLOCK, BLOCK_M)
 
 
 @triton.jit
-def _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+def _end_of_sublayer(sum_ptr, x_ptr, post_w_ptr, norm_w_ptr, h_ptr, block_count, TILES, first, M, N: tl.constexpr,
+                     eps, HAS_POST: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Counts a tile of a row block as summed; the last of the block's TILES tiles to arrive (every other tile's
+    sums then stored) ends the sublayer for the block's rows, one row after another, by residual_norm_kernel's
+    formula over the summed product (read from L2: other programs wrote it)."""
+    tl.debug_barrier()  # every thread's sums stored before the tile is counted (released)
+    if tl.atomic_add(block_count, 1, sem="acq_rel", scope="gpu") == TILES - 1:
+        for r in range(0, BLOCK_M):
+            if first + r < M:
+                _residual_norm_row(sum_ptr, first + r, x_ptr, post_w_ptr, norm_w_ptr, h_ptr, M, N, 1, eps, HAS_POST,
+                                   BLOCK, ".cg")
+        tl.atomic_xchg(block_count, 0)
+
+
+@triton.jit
+def _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr = ""):
     """A row's columns summed over the splits in ascending order (the fixed order every row gets)."""
     total = tl.zeros((BLOCK,), dtype=tl.float32)
     for split in range(SPLITS):
-        total += tl.load(part_ptr + (split * M + row).to(tl.int64) * N + cols, mask=mask, other=0.0)
+        total += tl.load(part_ptr + (split * M + row).to(tl.int64) * N + cols, mask=mask, other=0.0,
+                         cache_modifier=CACHE)
     return total
 
 
@@ -348,13 +389,20 @@ def rms_norm_kernel(x_ptr, w_ptr, h_ptr, N: tl.constexpr, eps, BLOCK: tl.constex
 @triton.jit(do_not_specialize=PASS_INTS)
 def residual_norm_kernel(part_ptr, x_ptr, post_w_ptr, norm_w_ptr, h_ptr, M, N: tl.constexpr, SPLITS: tl.constexpr,
                          eps, HAS_POST: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    """The end of a sublayer, one program per row: y = the product's splits summed (then RMS-normed by post_w where
-    the architecture has sandwich norms), x += y in place, h = RMSNorm(x) * norm_w for the next product."""
+    """The end of a sublayer, one program per row (_residual_norm_row)."""
     _after_previous(PDL)
-    row = tl.program_id(0)
+    _residual_norm_row(part_ptr, tl.program_id(0), x_ptr, post_w_ptr, norm_w_ptr, h_ptr, M, N, SPLITS, eps, HAS_POST,
+                       BLOCK, "")
+
+
+@triton.jit
+def _residual_norm_row(part_ptr, row, x_ptr, post_w_ptr, norm_w_ptr, h_ptr, M, N: tl.constexpr, SPLITS: tl.constexpr,
+                       eps, HAS_POST: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr):
+    """y = the product's splits summed (then RMS-normed by post_w where the architecture has sandwich norms), x += y
+    in place, h = RMSNorm(x) * norm_w for the next product."""
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    y = _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS, BLOCK)
+    y = _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS, BLOCK, CACHE)
     if HAS_POST:
         y = y * _rms(y, mask, N, eps) * tl.load(post_w_ptr + cols, mask=mask, other=0.0)
     x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0) + y

@@ -322,3 +322,61 @@ def test_the_activation_in_the_gate_up_product_is_the_activation_kernels(name):
 
 def test_the_fused_activation_check_catches_a_gate_paired_with_the_wrong_up():
     assert not fused_act_matches_kernel("qwen2-gqa-bias", PairedWithTheNeighbour)
+
+
+# ------------------------------------------------------------------ weights on the MMA's M side (issue 64)
+def test_products_with_the_weights_on_the_mmas_m_side_keep_every_row_exact():
+    """Tiles.swapped(): every product's tiles transposed over 16-row tiles (a decode step multiplies 16 rows, not 64).
+    Every pass takes them, so blocks, trees' chains and batched rows keep their decode steps' bits; and the
+    transposed tile computes the same product (to float32 rounding). Under the interpreter the transposed tile gives
+    the other's bits (its float32 dot is NumPy's either way), so no twin choosing the tile by rows can fail here: the
+    device check's part `swap` compares them on a GPU's MMA."""
+    tiles = TEST_TILES.swapped()
+    assert tiles.swap_ab and tiles.block_m == 16
+    model = tiny_gpu_model(tiles=tiles)
+    assert blocks_match_steps(model, SHORT_BLOCKS) == []
+    assert batch_problems(model) == []
+    plain = tiny_gpu_model()
+    tokens = tokens_for(model, PROMPT, seed=5)
+    torch.testing.assert_close(model(tokens, model.new_cache()), plain(tokens, plain.new_cache()), rtol=1e-4, atol=1e-4)
+
+
+
+# ------------------------------------------------------------------ a sublayer's end in its last product (issue 64)
+# Two tiles of 32 columns across the tiny models' hidden width of 64: a row block's last tile ends the sublayer
+RESIDUAL_TILES = dataclasses.replace(TEST_TILES, block_n=32, fused_residual=True)
+
+
+class EndsAtTheFirstTile(ExactPass):
+    """Broken: the sublayer ends as soon as one tile of a row block is summed (the others' sums not yet there)."""
+
+    def _sublayer_end(self, residual, parts, t, n):
+        args, consts = super()._sublayer_end(residual, parts, t, n)
+        return (args[:5] + (1,) + args[6:] if residual is not None else args), consts
+
+
+def fused_residual_matches_kernel(name: str, pass_type=ExactPass, tiles: Tiles = RESIDUAL_TILES) -> bool:
+    """A prompt block's logits with each sublayer ended in its product's last tiles against the residual kernel's."""
+    fused = tiny_gpu_model(name, pass_type=pass_type, tiles=tiles)
+    plain = tiny_gpu_model(name, tiles=dataclasses.replace(tiles, fused_residual=False))
+    tokens = tokens_for(plain, 6, seed=4)
+    return torch.equal(fused(tokens, fused.new_cache()), plain(tokens, plain.new_cache()))
+
+
+@pytest.mark.parametrize("name", ["qwen2-gqa-bias", "gemma3-windowed"])  # Gemma 3: its norms after the sublayers
+def test_a_sublayer_ended_in_its_products_tiles_is_the_residual_kernels(name):
+    """Tiles.fused_residual: x += the product and the next RMSNorm run in the output and down products' last tile of
+    each row block (two launches a layer fewer), by the residual kernel's formula on the same sums."""
+    model = tiny_gpu_model(name, tiles=RESIDUAL_TILES)
+    assert model.config.hidden_size // RESIDUAL_TILES.block_n == 2  # the row block's counter decides
+    assert fused_residual_matches_kernel(name)
+
+
+def test_a_sublayer_ended_in_its_products_tiles_keeps_every_row_exact():
+    """With 16-row transposed tiles (a row block of a pass holds rows of several lengths): blocks keep their steps'
+    bits."""
+    assert blocks_match_steps(tiny_gpu_model(tiles=RESIDUAL_TILES.swapped()), SHORT_BLOCKS) == []
+
+
+def test_the_fused_residual_check_catches_an_end_before_the_last_tile():
+    assert not fused_residual_matches_kernel("qwen2-gqa-bias", EndsAtTheFirstTile)
