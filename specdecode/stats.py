@@ -36,6 +36,9 @@ class GenerationStats:
     draft_passes: int = 0
     steps_by_k: Counter = field(default_factory=Counter)  # target passes by the number of tokens drafted
     accepted_by_k: Counter = field(default_factory=Counter)  # accepted draft tokens, by the same key
+    # Passes that verified a chain, by (tokens drafted, tokens accepted): how deep into its drafts the target agreed
+    # (acceptance by depth, bench/runner.acceptance_by_depth)
+    outcomes: Counter = field(default_factory=Counter)
     origins: Counter = field(default_factory=Counter)  # accepted / recovered / bonus / plain (see step.py)
     # Accepted draft tokens by the source that drafted them (lookup / store / draft; the drafter's name else).
     accepted_by_source: Counter = field(default_factory=Counter)
@@ -62,7 +65,8 @@ class GenerationStats:
         self.draft_passes += step.draft.forward_passes
         self.steps_by_k[drafted] += 1
         self.accepted_by_k[drafted] += step.accepted
-        if drafted:
+        if drafted and not step.draft.is_tree:  # a chain: its accepted tokens are its first ones
+            self.outcomes[drafted, step.accepted] += 1
             self.accepted_by_source[step.draft.source or self.drafter] += step.accepted
         self.time_draft += step.draft_seconds
         self.time_verify += step.verify_seconds

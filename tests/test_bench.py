@@ -88,6 +88,33 @@ def test_summary_speedup_and_acceptance_by_draft_length():
     assert per_k["draft"][2]["alpha"] == pytest.approx(0.25)
 
 
+def test_acceptance_by_depth_counts_each_judged_draft_token_once():
+    """A chain's i-th token is judged where at least i were drafted and the first i - 1 kept."""
+    from specdecode.bench.runner import acceptance_by_depth
+
+    draft = row("draft", 20, 7.0)
+    draft.outcomes = {"4/4": 2, "4/1": 1, "2/0": 3}  # 2 chains of 4 all kept; 4 keeping 1; 3 chains of 2 keeping none
+    depth = acceptance_by_depth([row("ar", 20, 10.0), draft])
+    assert set(depth) == {"draft"}
+    assert depth["draft"][1] == {"judged": 6, "kept": 3, "rate": 0.5}
+    assert depth["draft"][2] == {"judged": 3, "kept": 2, "rate": pytest.approx(2 / 3)}
+    assert depth["draft"][3] == depth["draft"][4] == {"judged": 2, "kept": 2, "rate": 1.0}
+    assert set(depth["draft"]) == {1, 2, 3, 4}
+
+
+def test_a_generation_counts_its_chains_outcomes():
+    from types import SimpleNamespace
+
+    from specdecode.stats import GenerationStats
+
+    stats = GenerationStats()
+    for drafted, accepted, tree in ((4, 2, False), (4, 2, False), (3, 3, True), (0, 0, False)):
+        draft = SimpleNamespace(drafted=drafted, is_tree=tree, forward_passes=1, source="draft")
+        stats.record_step(SimpleNamespace(draft=draft, accepted=accepted, tokens=[0] * (accepted + 1),
+                                          draft_seconds=0.0, verify_seconds=0.0))
+    assert stats.outcomes == {(4, 2): 2}  # a tree's accepted nodes are no chain's first ones; K=0 drafts nothing
+
+
 def test_every_prompts_ratio_is_reported_and_the_worst_is_named():
     """Issue 66: a drafter must not lose on any one prompt, so each prompt's ratio is kept, the worst named."""
     from specdecode.bench.report import prompt_table

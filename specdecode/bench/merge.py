@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from .report import write_report
-from .runner import Row, acceptance_by_k, per_prompt_table, summarise, summarise_by_category
+from .runner import Row, acceptance_by_depth, acceptance_by_k, per_prompt_table, summarise, summarise_by_category
 
 # Config fields that must be equal across merged runs.
 MUST_MATCH = ("suite", "target", "target_dtype", "draft", "draft_dtype", "k", "max_new_tokens", "temperature", "methods")
@@ -71,6 +71,7 @@ def merge_results(runs: list[dict], replace: bool = False) -> dict:
         "summary": summarise(rows),
         "by_category": summarise_by_category(rows),
         "acceptance_by_k": acceptance_by_k(rows),
+        "acceptance_by_depth": acceptance_by_depth(rows),
         "per_prompt": per_prompt_table(rows),
         "rows": [vars(r) for r in rows],
         "peers": None,  # peer runs are per prompt set and are not pooled

@@ -38,6 +38,7 @@ class Row:
     prefill_seconds: float = 0.0  # the target reading the prompt: the same work for every method
     steps_by_k: dict[int, int] = field(default_factory=dict)  # target passes by draft length
     accepted_by_k: dict[int, int] = field(default_factory=dict)  # accepted draft tokens by draft length
+    outcomes: dict[str, int] = field(default_factory=dict)  # drafting passes by "drafted/accepted"
 
 
 # A method spelled DRAFTER:nostore runs that drafter without the cross-request store (namespace None: its
@@ -71,7 +72,8 @@ def run_method(engine, prompt: BenchPrompt, method: str, k, sampling, max_new_to
         s = result.stats
         rows.append(Row(prompt.id, prompt.category, turn_index, method, s.generated_tokens, s.time_total,
                         s.tokens_per_s, s.drafted, s.accepted, s.target_passes, s.mean_k, None, s.finish_reason,
-                        s.time_prefill, dict(s.steps_by_k), dict(s.accepted_by_k)))
+                        s.time_prefill, dict(s.steps_by_k), dict(s.accepted_by_k),
+                        {f"{d}/{a}": n for (d, a), n in sorted(s.outcomes.items())}))
         outputs.append(result.token_ids)
     return rows, outputs
 
@@ -196,6 +198,25 @@ def _tps(rows: list[Row], decode_only: bool = False) -> float:
     return sum(r.new_tokens for r in rows) / seconds if seconds else 0.0
 
 
+def acceptance_by_depth(rows: list[Row]) -> dict[str, dict[int, dict]]:
+    """Per method and depth i: the drafting passes whose i-th draft token the target judged (drafted at least i,
+    the first i - 1 accepted), and the share of them that accepted it: the chance that a chain's i-th token is
+    kept once its first i - 1 are, wherever the drafter cut its chains (a model of chains of any length K:
+    scripts/project_gpu_speedup.py)."""
+    out: dict[str, dict[int, dict]] = {}
+    for row in rows:
+        for key, passes in row.outcomes.items():
+            drafted, accepted = map(int, key.split("/"))
+            for depth in range(1, min(drafted, accepted + 1) + 1):
+                cell = out.setdefault(row.method, {}).setdefault(depth, {"judged": 0, "kept": 0})
+                cell["judged"] += passes
+                cell["kept"] += passes * (accepted >= depth)
+    for per_depth in out.values():
+        for cell in per_depth.values():
+            cell["rate"] = cell["kept"] / cell["judged"]
+    return {m: dict(sorted(v.items())) for m, v in out.items()}
+
+
 def acceptance_by_k(rows: list[Row]) -> dict[str, dict[int, dict]]:
     """Per method and draft length K: steps, and alpha = accepted / drafted over the steps of that K."""
     out: dict[str, dict[int, dict]] = {}
@@ -268,6 +289,7 @@ def run_bench_cli(args) -> int:
         "by_category": summarise_by_category(rows),
         "by_turn": summarise_by_turn(rows),
         "acceptance_by_k": acceptance_by_k(rows),
+        "acceptance_by_depth": acceptance_by_depth(rows),
         "per_prompt": per_prompt_table(rows),
         "rows": [asdict(r) for r in rows],
         "peers": None,
