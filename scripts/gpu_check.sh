@@ -15,6 +15,14 @@
 # ~1.5 min, the three issue-64 parts ~2 min; the blocks' speed table, last, starts only if the budget allows, ~1.5
 # min more); give it timeout_s ~540 (what a part has written stays in $OUT if it is cut):
 #   scripts/gpu_check.sh --parts exact,exact7b,blocks,rounds,sampling,verdicts,pdl --budget 360
+# or, to build llama.cpp's CUDA peer during those exactness parts (issue 64 item 7; carry ["peer-cuda"], made by
+# scripts/llamacpp_cuda_tree.sh; timeout_s ~580), then the timed parts swap, long and seed with the time left:
+#   scripts/gpu_peer.sh --check exact,exact7b,blocks,rounds,sampling,verdicts --then seed,swap,long
+# Parts added for issue 64 (each tried here with --tiny): swap (16-row transposed tiles, sublayers ended in their
+# products: rows exact under each, then timed against the defaults), long (first token of 1k-16k prompts against
+# transformers' cuBLAS + SDPA forward, decoding at 32k positions), seed (7B, 32B, 72B targets as Q4_K_M blocks
+# built on the device, the 0.5B draft's proposals, and projected speedups of draft chains from the CPU's acceptance
+# by depth, docs/bench/draft-chains-*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-check-out}

@@ -1,0 +1,64 @@
+"""The device scripts' host-side parts, tried where no GPU is: the projection of draft-model chains from a CPU
+run's acceptance by depth (scripts/project_gpu_speedup.py), and the random-weight GGUF files both engines read
+(scripts/gguf_random.py; llama.cpp's side is its own reader here, its binaries on the device)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import project_gpu_speedup as projection  # noqa: E402
+
+
+def test_chains_project_their_expected_tokens_over_their_passes_costs():
+    bench = {"acceptance_by_depth": {"draft": {"1": {"judged": 10, "kept": 5, "rate": 0.5},
+                                               "2": {"judged": 5, "kept": 5, "rate": 1.0}}}}
+    rates = projection.depth_rates(bench)
+    assert rates == [0.5, 1.0]
+    assert projection.expected_tokens(rates, 1) == 1.5
+    assert projection.expected_tokens(rates, 3) == 1 + 0.5 + 0.5 + 0.5  # depth 3 keeps depth 2's rate
+    target = {"step": 1.0, "verify": {1: 1.0, 2: 1.2, 3: 1.5, "4": 2.0}}  # JSON keys are strings
+    speedups = projection.chain_speedups(target, {1: 0.1, 2: 0.2, 3: 0.3}, rates)
+    assert speedups[1] == pytest.approx(1.5 / 1.3)
+    assert speedups[3] == pytest.approx(2.5 / 2.3)
+    table = projection.chain_table({"targets": {"7b": target}, "draft": {"proposals": {1: 0.1, 2: 0.2, 3: 0.3}}},
+                                   bench, "run")
+    assert any(line.startswith("| 7b | 2 | 2.00 | 1.18x |") for line in table)  # 2.0 / 1.7, the best K
+    assert projection.chain_table({}, {}, "run")[0].startswith("- run: no draft chains")
+
+
+def test_a_random_gguf_file_holds_a_q4_k_m_layout_and_loads(tmp_path):
+    """A 1.5B-shaped file as llama-quantize lays out Q4_K_M (V and down matrices Q6_K by its rule), the tokenizer
+    padded to the shape's vocabulary; specdecode's loader reads it and computes finite logits."""
+    gguf = pytest.importorskip("gguf")
+    import gguf_random
+
+    vocab = tmp_path / "vocab.gguf"
+    writer = gguf.GGUFWriter(vocab, "qwen2")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["t", "1", "t1"] + [f"x{i}" for i in range(297)])
+    writer.add_token_types([1] * 300)
+    writer.add_token_merges(["t 1"])
+    writer.add_eos_token_id(1), writer.add_bos_token_id(1), writer.add_pad_token_id(1)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.write_tensors_to_file(), writer.close()
+    shape = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=320, tie_word_embeddings=False)
+    path = tmp_path / "model.gguf"
+    gguf_random.write(path, shape, "q4_k_m", vocab)
+    reader = gguf.GGUFReader(path)
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["token_embd.weight"] == "Q4_K" and types["output.weight"] == "Q6_K"
+    assert [types[f"blk.{i}.attn_v.weight"] for i in range(8)] == ["Q6_K", "Q4_K", "Q4_K", "Q6_K", "Q4_K", "Q4_K",
+                                                                   "Q6_K", "Q6_K"]
+    assert len(reader.fields["tokenizer.ggml.tokens"].data) == 320  # padded
+    import torch
+
+    from specdecode.models.loader import load_model
+
+    loaded = load_model(str(path), device="cpu", dtype="int8")
+    logits = loaded.model(torch.tensor([1, 2, 3]), loaded.model.new_cache(16))
+    assert logits.shape == (3, 320) and torch.isfinite(logits).all()
