@@ -1431,9 +1431,11 @@ class SwappedUpToSixteenRows:
 # layout): each is checked for exact rows on its own, compared with the defaults' bits (for the record), and timed.
 VARIANTS = {
     "swap": ("16-row tiles, weights on the MMA's M side (Tiles.swapped)", lambda t: t.swapped()),
-    "epilogue": ("sublayers ended in their products' last tiles (Tiles.fused_residual, with fused sums)",
-                 lambda t: dataclasses.replace(t, fused_sums=True, fused_residual=True)),
-    "swap+epilogue": ("both", lambda t: dataclasses.replace(t, fused_sums=True, fused_residual=True).swapped()),
+    "epilogue": ("sublayers and the QKV epilogue ended in their products' last tiles (Tiles.fused_residual,"
+                 " fused_qkv, with fused sums and activation: five launches a layer)",
+                 lambda t: dataclasses.replace(t, fused_sums=True, fused_act=True, fused_residual=True, fused_qkv=True)),
+    "swap+epilogue": ("both", lambda t: dataclasses.replace(t, fused_sums=True, fused_act=True, fused_residual=True,
+                                                           fused_qkv=True).swapped()),
 }
 
 

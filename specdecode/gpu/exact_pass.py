@@ -94,6 +94,10 @@ class Tiles:
     # until a device run has checked and measured it: that tile ends its rows one after another (scripts/gpu_check.py,
     # part epilogue).
     fused_residual: bool = False
+    # With fused_sums: the QKV epilogue (bias, q/k norms, rotary embedding, cache writes) runs in the QKV product's
+    # last tile of each row block (linear_partial_kernel's QKV), one launch a layer fewer. Off until a device run
+    # has checked and measured it (part swap times it with the other fusions).
+    fused_qkv: bool = False
 
     def swapped(self, rows: int = 16) -> "Tiles":
         """These tiles with the products transposed over tiles of `rows` rows (16: the narrowest tile tl.dot takes)."""
@@ -350,11 +354,13 @@ class ExactPass:
 
     # ------------------------------------------------------------------ parts of a layer
     def product(self, x: torch.Tensor, weight: torch.Tensor, gated: torch.Tensor | None = None,
-                gelu: bool = False, residual: tuple | None = None) -> tuple[torch.Tensor, int]:
+                gelu: bool = False, residual: tuple | None = None, qkv: tuple | None = None
+                ) -> tuple[torch.Tensor, int]:
         """The splits of x [rows, K] @ weight [N, K].T: float32 partial sums [splits, rows, N] and their count (one
         sum where the kernel adds them). gated [rows, N / 2]: weight is [gate | up] and the kernel writes
         act(gate) * up there instead (act: SiLU, or GELU where gelu). residual (x, post, norm, h), with fused
-        sums: the kernel also ends the sublayer as _residual does (x += the product, h = the next norm)."""
+        sums: the kernel also ends the sublayer as _residual does (x += the product, h = the next norm); qkv
+        (_attention's), with fused sums: it also finishes the QKV rows as qkv_finish_kernel does."""
         rows, k = x.shape
         n = weight.shape[0]
         t = self.tiles
@@ -367,7 +373,7 @@ class ExactPass:
         split = t.split_size(k)
         splits = -(-k // split)
         part = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
-        fuse = t.fused_sums and (splits > 1 or residual is not None) or gated is not None
+        fuse = t.fused_sums and (splits > 1 or residual is not None or qkv is not None) or gated is not None
         summed = part
         if gated is not None:
             summed = gated
@@ -375,7 +381,7 @@ class ExactPass:
             summed = torch.empty(1, rows, n, dtype=torch.float32, device=x.device)
         # A matrix of GGUF blocks: one launch per run of one block type, each writing its columns of part
         parts = weight.parts if isinstance(weight, BlockWeight) else [BlockPart(0, 0, n, (weight,) * 6)]
-        end_args, end_consts = self._sublayer_end(residual, parts, t, n)
+        end_args, end_consts = self._product_end(parts, t, n, residual, qkv)
         for p in parts:
             grid = (-(-rows // t.block_m), -(-p.rows // t.block_n), splits)
             counts = self._arrivals(grid[0] * grid[1], x.device)
@@ -388,16 +394,35 @@ class ExactPass:
                                                num_stages=t.stages, **end_consts, **self.pdl)
         return (summed, 1) if fuse else (part, splits)
 
-    def _sublayer_end(self, residual: tuple | None, parts, t: Tiles, n: int) -> tuple[tuple, dict]:
-        """The product kernel's runtime arguments and constexprs for the end of a sublayer in its last tiles
-        (RESIDUAL), or for none (unused pointers)."""
-        if residual is None:
-            unused = self._row_counts
-            return (unused,) * 5 + (1, 0.0), {}
-        x, post, norm, h = residual
+    def _product_end(self, parts, t: Tiles, n: int, residual: tuple | None, qkv: tuple | None
+                     ) -> tuple[tuple, dict]:
+        """The product kernel's runtime arguments and constexprs for what its last tile of each row block ends: a
+        sublayer (RESIDUAL, residual = (x, post, norm, h)), the QKV epilogue (QKV, qkv: _qkv_finish's), or nothing
+        (unused pointers)."""
+        unused, consts = self._row_counts, {}
+        ends = (unused,) * 4
+        if residual is not None:
+            x, post, norm, h = residual
+            ends = (x, post if post is not None else x, norm, h)
+            consts = dict(RESIDUAL=True, HAS_POST=post is not None, NORM_N=n, NORM_BLOCK=triton_next_pow2(n))
+        finish = (unused,) * 11 + (0, 0)
+        if qkv is not None:
+            finish, qkv_consts = self._qkv_finish(*qkv, unused=unused)
+            consts.update(QKV=True, **qkv_consts)
         tiles = sum(-(-p.rows // t.block_n) for p in parts)  # a row block's tiles over every launch
-        args = (x, post if post is not None else x, norm, h, self._row_counts, tiles, self.model.config.rms_norm_eps)
-        return args, dict(RESIDUAL=True, HAS_POST=post is not None, NORM_N=n, NORM_BLOCK=triton_next_pow2(n))
+        return (*ends, self._row_counts, tiles, self.model.config.rms_norm_eps, *finish), consts
+
+    def _qkv_finish(self, layer, meta: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q: torch.Tensor,
+                    unused: torch.Tensor) -> tuple[tuple, dict]:
+        """The QKV epilogue's pointers and strides (qkv_finish_kernel's, from bias_ptr to head_stride) and its
+        constexprs: the same for its kernel and for the product's last tiles."""
+        c = self.model.config
+        cos, sin = self._rope_tables(layer)
+        present = [w if w is not None else unused for w in (layer.qkv_bias, layer.q_norm, layer.k_norm)]
+        args = (*present, cos, sin, meta[POS], meta[SLOT], meta[WRITE], q, keys, values, keys.stride(0),
+                keys.stride(1))
+        return args, dict(H=c.n_heads, HKV=c.n_kv_heads, D=c.head_dim, HAS_BIAS=layer.qkv_bias is not None,
+                          QK_NORM=layer.q_norm is not None)
 
     def _arrivals(self, tiles: int, device) -> torch.Tensor:
         """The products' arrival counts (int32 zeros; every launch leaves them zero, so launches share them). A
@@ -408,20 +433,18 @@ class ExactPass:
 
     def _attention(self, layer, index: int, h: torch.Tensor, meta: torch.Tensor, pool: KVPool, n_keys: int
                    ) -> torch.Tensor:
-        """QKV product, q/k norms, rotary embedding, cache writes and attention of every row: [rows, H * D]."""
-        c = self.model.config
-        rows = h.shape[0]
-        part, splits = self.product(h, layer.qkv)
-        cos, sin = self._rope_tables(layer)
-        q = torch.empty(rows, c.n_heads, c.head_dim, dtype=self.act_dtype, device=h.device)
-        keys, values = pool.keys[index], pool.values[index]  # [slots, HKV, max_len, D]
-        bias = layer.qkv_bias if layer.qkv_bias is not None else part
-        q_norm = layer.q_norm if layer.q_norm is not None else part
-        k_norm = layer.k_norm if layer.k_norm is not None else part
-        self.k.qkv_finish_kernel[(rows, c.n_heads + 2 * c.n_kv_heads)](
-            part, bias, q_norm, k_norm, cos, sin, meta[POS], meta[SLOT], meta[WRITE], q, keys, values,
-            keys.stride(0), keys.stride(1), rows, c.rms_norm_eps, H=c.n_heads, HKV=c.n_kv_heads, D=c.head_dim,
-            SPLITS=splits, HAS_BIAS=layer.qkv_bias is not None, QK_NORM=layer.q_norm is not None, **self.pdl)
+        """QKV product, q/k norms, rotary embedding, cache writes and attention of every row: [rows, H * D]. The
+        epilogue runs in the product's last tiles where the tiles say so (Tiles.fused_qkv), else in its kernel."""
+        c, t = self.model.config, self.tiles
+        q = torch.empty(h.shape[0], c.n_heads, c.head_dim, dtype=self.act_dtype, device=h.device)
+        finish = (layer, meta, pool.keys[index], pool.values[index], q)  # pools [slots, HKV, max_len, D]
+        if t.fused_sums and t.fused_qkv:
+            self.product(h, layer.qkv, qkv=finish)
+        else:
+            part, splits = self.product(h, layer.qkv)
+            args, consts = self._qkv_finish(*finish, unused=part)
+            self.k.qkv_finish_kernel[(h.shape[0], c.n_heads + 2 * c.n_kv_heads)](
+                part, *args, h.shape[0], c.rms_norm_eps, SPLITS=splits, **consts, **self.pdl)
         return self.attend(layer, index, q, meta, pool, n_keys)
 
     def attend(self, layer, index: int, q: torch.Tensor, meta: torch.Tensor, pool: KVPool, n_keys: int

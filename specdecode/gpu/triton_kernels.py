@@ -234,15 +234,19 @@ def _to_bfloat16(w, BY_BITS: tl.constexpr):
     return w.to(tl.bfloat16)
 
 
-@triton.jit(do_not_specialize=PASS_INTS)
+@triton.jit(do_not_specialize=PASS_INTS, do_not_specialize_on_alignment=["pos_ptr", "slot_ptr", "write_ptr"])
 def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, part_ptr, sum_ptr, count_ptr,
                           M, N, K, COL0, NT, res_x_ptr, post_w_ptr, norm_w_ptr, h_ptr, row_count_ptr, TILES, eps,
+                          bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, write_ptr, q_ptr,
+                          k_pool_ptr, v_pool_ptr, slot_stride, head_stride,
                           SPLITS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, KIND: tl.constexpr, DOT_F32: tl.constexpr,
                           ROUND_BY_BITS: tl.constexpr, FUSE_SUM: tl.constexpr, PAIRED: tl.constexpr = False,
                           GELU: tl.constexpr = False, REVERSED: tl.constexpr = False, PDL: tl.constexpr = False,
                           SWAP_AB: tl.constexpr = False, RESIDUAL: tl.constexpr = False,
-                          HAS_POST: tl.constexpr = False, NORM_N: tl.constexpr = 1, NORM_BLOCK: tl.constexpr = 16):
+                          HAS_POST: tl.constexpr = False, NORM_N: tl.constexpr = 1, NORM_BLOCK: tl.constexpr = 16,
+                          QKV: tl.constexpr = False, H: tl.constexpr = 1, HKV: tl.constexpr = 1, D: tl.constexpr = 16,
+                          HAS_BIAS: tl.constexpr = False, QK_NORM: tl.constexpr = False):
     """part[s, m, COL0 + n] = sum over k in split s of x[m, k] * w[n, k]: x [M, K], part float32 [SPLITS, M, NT].
     KIND 0: w [N, K] row-major (bfloat16 or float32; the other array arguments unused); a ggml type (gguf_blocks):
     w is a matrix of GGUF blocks in gguf_blocks.py's arrays, whose bfloat16 weights are rebuilt per tile, so the
@@ -267,7 +271,11 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
     product's last tile of each row block (a second arrival count per row block in row_count_ptr, TILES tiles a
     row block over every launch of the product: one per run of GGUF block types). That tile applies
     residual_norm_kernel's formula (_residual_norm_row) to each of the block's rows over the summed product, so the
-    sublayer needs no kernel of its own."""
+    sublayer needs no kernel of its own.
+
+    QKV (with FUSE_SUM; the QKV product): the same last tile of each row block finishes each of the block's rows
+    head by head by qkv_finish_kernel's formula (_qkv_head: bias, q/k norms, rotary embedding, q out, k and v into
+    the row's cache slot), so the QKV epilogue needs no kernel of its own either."""
     _after_previous(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -323,24 +331,24 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
             else:
                 tl.store(sum_ptr + at, total, mask=inside)
             tl.atomic_xchg(tile, 0)  # zero again for the next launch (and the next replay of a graph)
-            if RESIDUAL:
-                _end_of_sublayer(sum_ptr, res_x_ptr, post_w_ptr, norm_w_ptr, h_ptr, row_count_ptr + pid_m, TILES,
-                                 pid_m * BLOCK_M, M, NORM_N, eps, HAS_POST, NORM_BLOCK, BLOCK_M)
-
-
-@triton.jit
-def _end_of_sublayer(sum_ptr, x_ptr, post_w_ptr, norm_w_ptr, h_ptr, block_count, TILES, first, M, N: tl.constexpr,
-                     eps, HAS_POST: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Counts a tile of a row block as summed; the last of the block's TILES tiles to arrive (every other tile's
-    sums then stored) ends the sublayer for the block's rows, one row after another, by residual_norm_kernel's
-    formula over the summed product (read from L2: other programs wrote it)."""
-    tl.debug_barrier()  # every thread's sums stored before the tile is counted (released)
-    if tl.atomic_add(block_count, 1, sem="acq_rel", scope="gpu") == TILES - 1:
-        for r in range(0, BLOCK_M):
-            if first + r < M:
-                _residual_norm_row(sum_ptr, first + r, x_ptr, post_w_ptr, norm_w_ptr, h_ptr, M, N, 1, eps, HAS_POST,
-                                   BLOCK, ".cg")
-        tl.atomic_xchg(block_count, 0)
+            if RESIDUAL or QKV:
+                # The last of the row block's TILES tiles to arrive (every other tile's sums then stored, read from
+                # L2) ends the block's rows, one after another, by the consumer kernel's own formula.
+                block_count = row_count_ptr + pid_m
+                tl.debug_barrier()  # every thread's sums stored before the tile is counted (released)
+                if tl.atomic_add(block_count, 1, sem="acq_rel", scope="gpu") == TILES - 1:
+                    for r in range(0, BLOCK_M):
+                        row = pid_m * BLOCK_M + r
+                        if row < M:
+                            if RESIDUAL:
+                                _residual_norm_row(sum_ptr, row, res_x_ptr, post_w_ptr, norm_w_ptr, h_ptr, M, NORM_N,
+                                                   1, eps, HAS_POST, NORM_BLOCK, ".cg")
+                            else:
+                                for head in range(0, H + 2 * HKV):
+                                    _qkv_head(sum_ptr, bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr,
+                                              slot_ptr, write_ptr, q_ptr, k_pool_ptr, v_pool_ptr, slot_stride,
+                                              head_stride, M, eps, row, head, H, HKV, D, 1, HAS_BIAS, QK_NORM, ".cg")
+                    tl.atomic_xchg(block_count, 0)  # zero again for the next launch
 
 
 @triton.jit
@@ -440,19 +448,29 @@ def qkv_finish_kernel(part_ptr, bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_p
                       q_ptr, k_pool_ptr, v_pool_ptr, slot_stride, head_stride, M, eps,
                       H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
                       HAS_BIAS: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr = False):
+    """One head of one row after the QKV product (_qkv_head), a program per row and head."""
+    _after_previous(PDL)
+    _qkv_head(part_ptr, bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, write_ptr, q_ptr,
+              k_pool_ptr, v_pool_ptr, slot_stride, head_stride, M, eps, tl.program_id(0), tl.program_id(1), H, HKV, D,
+              SPLITS, HAS_BIAS, QK_NORM, "")
+
+
+@triton.jit
+def _qkv_head(part_ptr, bias_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, write_ptr, q_ptr,
+              k_pool_ptr, v_pool_ptr, slot_stride, head_stride, M, eps, row, head, H: tl.constexpr,
+              HKV: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
+              QK_NORM: tl.constexpr, CACHE: tl.constexpr):
     """One head of one row after the QKV product: its splits summed (+ bias), per-head RMSNorm of q and k where
     the architecture has it, the rotary embedding at the row's position (half-rotation layout), then q to q_ptr
-    [M, H, D] and k, v into the row's cache slot at its write position (pools [slots, HKV, max_len, D])."""
-    _after_previous(PDL)
-    row = tl.program_id(0)
-    head = tl.program_id(1)  # q heads, then k heads, then v heads: the product's column order
+    [M, H, D] and k, v into the row's cache slot at its write position (pools [slots, HKV, max_len, D]). Heads are
+    q heads, then k heads, then v heads: the product's column order."""
     HALF: tl.constexpr = D // 2
     N: tl.constexpr = (H + 2 * HKV) * D
     lo = tl.arange(0, HALF)
     all_true = lo < HALF
     first = head * D
-    x1 = _sum_splits(part_ptr, row, first + lo, all_true, M, N, SPLITS, HALF)
-    x2 = _sum_splits(part_ptr, row, first + HALF + lo, all_true, M, N, SPLITS, HALF)
+    x1 = _sum_splits(part_ptr, row, first + lo, all_true, M, N, SPLITS, HALF, CACHE)
+    x2 = _sum_splits(part_ptr, row, first + HALF + lo, all_true, M, N, SPLITS, HALF, CACHE)
     if HAS_BIAS:
         x1 += tl.load(bias_ptr + first + lo)
         x2 += tl.load(bias_ptr + first + HALF + lo)

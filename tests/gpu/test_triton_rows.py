@@ -347,18 +347,20 @@ def test_products_with_the_weights_on_the_mmas_m_side_keep_every_row_exact():
 RESIDUAL_TILES = dataclasses.replace(TEST_TILES, block_n=32, fused_residual=True)
 
 
-class EndsAtTheFirstTile(ExactPass):
-    """Broken: the sublayer ends as soon as one tile of a row block is summed (the others' sums not yet there)."""
+class EndsATileEarly(ExactPass):
+    """Broken: a product ends its rows (a sublayer, the QKV epilogue) when the last tile but one of a row block is
+    summed (the last one's sums not yet there). With two tiles a block, every tile ends the sublayer."""
 
-    def _sublayer_end(self, residual, parts, t, n):
-        args, consts = super()._sublayer_end(residual, parts, t, n)
-        return (args[:5] + (1,) + args[6:] if residual is not None else args), consts
+    def _product_end(self, parts, t, n, residual, qkv):
+        args, consts = super()._product_end(parts, t, n, residual, qkv)
+        return (args[:5] + (args[5] - 1,) + args[6:] if consts else args), consts
 
 
 def fused_residual_matches_kernel(name: str, pass_type=ExactPass, tiles: Tiles = RESIDUAL_TILES) -> bool:
-    """A prompt block's logits with each sublayer ended in its product's last tiles against the residual kernel's."""
+    """A prompt block's logits with each sublayer (or QKV epilogue) ended in its product's last tiles against the
+    residual (and QKV epilogue) kernel's."""
     fused = tiny_gpu_model(name, pass_type=pass_type, tiles=tiles)
-    plain = tiny_gpu_model(name, tiles=dataclasses.replace(tiles, fused_residual=False))
+    plain = tiny_gpu_model(name, tiles=dataclasses.replace(tiles, fused_residual=False, fused_qkv=False))
     tokens = tokens_for(plain, 6, seed=4)
     return torch.equal(fused(tokens, fused.new_cache()), plain(tokens, plain.new_cache()))
 
@@ -378,5 +380,30 @@ def test_a_sublayer_ended_in_its_products_tiles_keeps_every_row_exact():
     assert blocks_match_steps(tiny_gpu_model(tiles=RESIDUAL_TILES.swapped()), SHORT_BLOCKS) == []
 
 
-def test_the_fused_residual_check_catches_an_end_before_the_last_tile():
-    assert not fused_residual_matches_kernel("qwen2-gqa-bias", EndsAtTheFirstTile)
+def test_the_fused_residual_check_catches_an_end_before_the_last_tile():  # x += the sum, twice
+    assert not fused_residual_matches_kernel("qwen2-gqa-bias", EndsATileEarly)
+
+
+# ------------------------------------------------------------------ the QKV epilogue in the QKV product (issue 64)
+QKV_TILES = dataclasses.replace(TEST_TILES, block_n=32, fused_qkv=True)
+
+
+@pytest.mark.parametrize("name", ["qwen2-gqa-bias", "gemma3-windowed"])  # biases; per-head q/k norms
+def test_the_qkv_epilogue_in_its_products_tiles_is_the_epilogue_kernels(name):
+    """Tiles.fused_qkv: bias, q/k norms, rotary embedding and cache writes run in the QKV product's last tile of each
+    row block (one launch a layer fewer), by the epilogue kernel's formula on the same sums."""
+    model = tiny_gpu_model(name, tiles=QKV_TILES)
+    c = model.config
+    assert (c.q_size + 2 * c.kv_size) // QKV_TILES.block_n >= 4  # the twin's early end misses a tile's sums
+    assert fused_residual_matches_kernel(name, tiles=QKV_TILES)
+
+
+def test_every_fusion_together_keeps_every_row_exact():
+    """Five launches a layer: QKV with its epilogue, attention with its merge, output with the residual, gate|up with
+    the activation, down with the residual; 16-row transposed tiles; blocks keep their steps' bits."""
+    tiles = dataclasses.replace(RESIDUAL_TILES, fused_qkv=True).swapped()
+    assert blocks_match_steps(tiny_gpu_model("gemma3-windowed", tiles=tiles), SHORT_BLOCKS) == []
+
+
+def test_the_fused_qkv_check_catches_an_end_before_the_last_tile():
+    assert not fused_residual_matches_kernel("qwen2-gqa-bias", EndsATileEarly, tiles=QKV_TILES)
