@@ -510,6 +510,9 @@ def _drafts(drafter, contexts, k, sampling, rule) -> list:
     return out
 
 
+ROUND_GRAPH = "greedy, each round one CUDA graph (ExactPass.round_graphs)"
+
+
 def check_rounds(report, draft, tiny):
     """Item 2: a DraftModelDrafter with device rounds proposes what it proposes pass by pass (tokens, the bits of
     the confidences a stop rule reads, where the rule cuts, what its cache holds), greedy and seeded, on the 0.5B
@@ -526,7 +529,8 @@ def check_rounds(report, draft, tiny):
     rounds, loop = DraftModelDrafter(draft, 1024), DraftModelDrafter(draft, 1024)
     rounds.device_rounds, loop.device_rounds = True, False
     samplings = {"greedy": SamplingParams(), "seeded t=0.9 top_p=0.95": SamplingParams(temperature=0.9, top_p=0.95,
-                                                                                       seed=11)}
+                                                                                       seed=11),
+                 ROUND_GRAPH: SamplingParams()}
     recorder = _Confidences()
     _drafts(loop, contexts, 8, samplings["greedy"], recorder.rule)
     seen = sorted(recorder.seen)
@@ -538,8 +542,10 @@ def check_rounds(report, draft, tiny):
     for s_name, sampling in samplings.items():
         for r_name, rule in rules.items():
             for k in (4,) if tiny else (4, 8):
+                draft.exact_pass.round_graphs = s_name == ROUND_GRAPH
                 with counting(draft_round, "chain_rounds", 1) as ran:
                     got = _drafts(rounds, contexts, k, sampling, rule)
+                draft.exact_pass.round_graphs = False
                 want = _drafts(loop, contexts, k, sampling, rule)
                 wrong = []
                 cut = 0
@@ -801,6 +807,7 @@ def rounds_speed(report, models, tiny):
         rows = {f"a round of {k} passes alone, greedy (pass by pass: {k} draft steps)":
                 (timed(bare, repeats=20), k * steps["0.5b"]),
                 f"a round of {k} passes alone, sampled t=1.0": (timed(lambda: bare(sampled), repeats=20), float("nan"))}
+        loops = {}
         for label, sampling in (("greedy", greedy), ("sampled t=1.0", sampled)):
             per = {}
             for on in (True, False):
@@ -808,6 +815,13 @@ def rounds_speed(report, models, tiny):
                 per[on] = timed(lambda: drafter.propose(context, k, sampling, noise), repeats=20)
             rows[f"a proposal of {k} tokens, {label} (its first pass, then a round of {k - 1})"] = (per[True],
                                                                                                   per[False])
+            loops[label] = per[False]
+        draft.exact_pass.round_graphs = True
+        try:
+            graph = timed(lambda: drafter.propose(context, k, greedy, noise), repeats=20)
+        finally:
+            draft.exact_pass.round_graphs = False
+        rows[f"a proposal of {k} tokens, greedy, its round one CUDA graph"] = (graph, loops["greedy"])
         for what, (round_s, loop_s) in rows.items():
             data["rows"].append(dict(k=k, what=what, round=round_s, loop=loop_s))
             lines.append(f"| {k} | {what} | {round_s * 1e3:.3f} ms | "

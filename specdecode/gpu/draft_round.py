@@ -11,6 +11,10 @@ the chosen tokens and their probabilities come back in one read at the end.
 The passes are the same passes (ExactPass.prepare/launch, the same captured graphs): a row's bits depend on its
 token, position and cache alone, so a round drafts exactly the tokens the pass-by-pass loop drafts. Several
 sequences' rounds run in lockstep (a batch's drafting): each step one pass over every round still going.
+
+With ExactPass.round_graphs a greedy round is one CUDA graph (RoundGraph): its passes, their argmaxes feeding the
+next pass's tokens and its choices captured together, so the host launches one replay where it launched a replay
+per step (the same kernels with the same arguments as the passes' own graphs: the same bits).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import torch
 from ..models.transformer import Segment
 from ..sampling import probabilities
 from . import noise_kernel
+from .exact_pass import META, TOKEN, _padding
 
 
 def chain_rounds(model, rounds: list) -> list[tuple[list[int], list[float]]] | None:
@@ -91,6 +96,8 @@ def _launch_steps(model, plans: list, ordered: list) -> tuple[list[torch.Tensor]
         at += plan.meta.size
     current = torch.tensor([r.token for r in ordered], device=device)
     draws = _draws(ordered, device)
+    if draws is None and model.exact_pass.round_graphs:
+        return RoundGraph.of(model, plans).run(on_device, current)
     chosen, probs = [], []
     for step, (plan, meta) in enumerate(zip(plans, metas)):
         logits = model._finish_logits(model.exact_pass.launch(plan, meta, tokens=current[: plan.rows]))
@@ -127,3 +134,60 @@ def _choose(logits: torch.Tensor, ordered: list, step: int, draws) -> torch.Tens
     count = len(live)  # the sampled ranks ascend: the live ones are the first of them
     drawn = noise_kernel.choose_rows(probs, table[0, step, :count], table[1, step, :count])
     return current.index_copy(0, table[2, step, :count], drawn)
+
+
+class RoundGraph:
+    """A greedy round's passes as one CUDA graph (ExactPass.round_graphs): static metadata for every step, the first
+    tokens, and per step the argmaxes (each written into the next step's metadata on the device) and top
+    probabilities. Captured once per the steps' shapes (rows, keys and metadata width per step, the pool and its
+    version, the head); without CUDA the same launches run uncaptured each time, which is what the interpreter's
+    tests check."""
+
+    def __init__(self, model, plans: list):
+        self.model, self.exact = model, model.exact_pass
+        self.steps = [(plan.rows, plan.bucket[1] if plan.bucket else plan.keys, plan.meta.shape) for plan in plans]
+        self.pool = plans[0].pool
+        # padding rows until the first run (the scratch slot 0, position 0): what capture runs writes nothing real
+        padding = [_padding(plan.meta.shape[1], plan.meta.shape[0] - META).ravel() for plan in plans]
+        self.meta = torch.from_numpy(np.concatenate(padding)).to(model.device)
+        self.first = torch.zeros(plans[0].rows, dtype=torch.long, device=model.device)
+        self.graph, self.out = None, None
+        if model.device.type == "cuda":
+            self.graph, self.out = self.exact.capture(self._passes)
+
+    @classmethod
+    def of(cls, model, plans: list) -> "RoundGraph":
+        """The round graph of these steps' shapes, made once."""
+        exact = model.exact_pass
+        key = (tuple((p.rows, p.bucket, p.keys if p.bucket is None else None, p.meta.shape) for p in plans),
+               id(plans[0].pool), plans[0].pool.version, id(exact.head_weight()))
+        if key not in exact.rounds:
+            exact.rounds[key] = cls(model, plans)
+        return exact.rounds[key]
+
+    def run(self, meta: torch.Tensor, first: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The round over every step's metadata (flat, on the device) from the first tokens: per step the argmaxes
+        and top probabilities (copies: the next replay overwrites the graph's)."""
+        self.meta.copy_(meta)
+        self.first.copy_(first[: self.first.shape[0]])
+        if self.graph is None:
+            chosen, probs = self._passes()
+        else:
+            self.graph.replay()
+            chosen, probs = self.out
+        return [c.clone() for c in chosen], [p.clone() for p in probs]
+
+    def _passes(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        model, at = self.model, 0
+        current = self.first
+        chosen, probs = [], []
+        for rows, keys, shape in self.steps:
+            size = int(np.prod(shape))
+            meta = self.meta[at : at + size].view(shape)
+            at += size
+            meta[TOKEN, :rows].copy_(current[:rows])
+            logits = model._finish_logits(self.exact.forward(meta, self.pool, keys)[:rows])
+            current = logits.argmax(dim=-1)
+            chosen.append(current)
+            probs.append(torch.softmax(logits.float(), -1).amax(dim=-1))
+        return chosen, probs

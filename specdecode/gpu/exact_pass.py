@@ -177,6 +177,11 @@ class ExactPass:
         self.device = model.device  # the device every launch and capture runs on (made current for them)
         self.pools: dict[int, KVPool] = {}
         self._captured: dict = {}
+        # Greedy draft rounds as one CUDA graph each (gpu/draft_round.RoundGraph, by their passes' shapes): off until
+        # a device run has checked and timed them (scripts/gpu_check.py, part rounds); without CUDA the same
+        # launches run uncaptured.
+        self.round_graphs = False
+        self.rounds: dict = {}
         self._memory = None  # one memory pool for every captured pass: they replay one at a time
         self._head_cache: tuple[torch.Tensor, torch.Tensor] | None = None  # (output weight, its copy in act_dtype)
         # The most rows one pass holds (plan cuts larger ones): the partial sums of the splits and of the attention
@@ -277,20 +282,28 @@ class ExactPass:
 
     def _capture(self, meta: torch.Tensor, pool: KVPool, keys: int):
         """(graph, its metadata, its logits) of one pass over `meta`'s rows."""
+        graph, logits = self.capture(lambda: self.forward(meta, pool, keys))
+        return graph, meta, logits
+
+    def capture(self, work):
+        """(graph, what work() returned): work's launches captured as one CUDA graph in the passes' memory pool
+        (captured passes replay one at a time), after one run on a side stream that compiles the kernels and
+        settles the allocator."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # compiles the kernels and settles the allocator before capture
-            self.forward(meta, pool, keys)
+        with torch.cuda.stream(side):
+            work()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         self._memory = self._memory or torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._memory):
-            logits = self.forward(meta, pool, keys)
-        return graph, meta, logits
+            out = work()
+        return graph, out
 
     def forget_graphs(self) -> None:
-        """Drop the captured passes (the model's head changed: they would read the old one)."""
+        """Drop the captured passes and rounds (the model's head changed: they would read the old one)."""
         self._captured = {}
+        self.rounds = {}
 
     # ------------------------------------------------------------------ how many rows a pass takes
     def scratch_per_row(self, keys: int) -> int:

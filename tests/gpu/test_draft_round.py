@@ -169,3 +169,64 @@ def test_a_batch_reads_its_draft_models_next_choices_at_once():
         return [batch_draft.ReadAhead(out.logits, top) for out, top in zip(wrapped, tops[1:] + tops[:1])]
 
     assert read_aheads(handed_round, outputs) != alone
+
+
+# ------------------------------------------------------------------ a greedy round as one CUDA graph (issue 64)
+def with_round_graphs(on: bool) -> None:
+    draft = models()[1]
+    draft.exact_pass.round_graphs = on
+    draft.exact_pass.rounds = {}
+
+
+def test_a_round_as_one_graph_drafts_what_the_pass_by_pass_loop_drafts():
+    """ExactPass.round_graphs: the round's passes, each fed the argmax before it, as one CUDA graph (here, without
+    CUDA, its launches uncaptured over the same static buffers): the loop's tokens, confidence bits and cache, with
+    the stop rule cutting inside rounds; one RoundGraph a shape, kept."""
+    with_round_graphs(True)
+    try:
+        assert rounds_match_pass_by_pass(CutsAtLowConfidence()) >= 2
+        assert models()[1].exact_pass.rounds  # the graph path ran
+    finally:
+        with_round_graphs(False)
+
+
+def test_the_round_graph_check_catches_a_graph_whose_argmax_feeds_the_wrong_step(monkeypatch):
+    def late(self):
+        """Broken twin: each step's pass is fed the token chosen two steps back."""
+        at, earlier = 0, self.first
+        current, chosen, probs = self.first, [], []
+        for rows, keys, shape in self.steps:
+            size = int(torch.tensor(shape).prod())
+            meta = self.meta[at : at + size].view(shape)
+            at += size
+            meta[0, :rows].copy_(earlier[:rows])
+            logits = self.model._finish_logits(self.exact.forward(meta, self.pool, keys)[:rows])
+            earlier, current = current, logits.argmax(dim=-1)
+            chosen.append(current)
+            probs.append(torch.softmax(logits.float(), -1).amax(dim=-1))
+        return chosen, probs
+
+    monkeypatch.setattr(draft_round.RoundGraph, "_passes", late)
+    with_round_graphs(True)
+    try:
+        with pytest.raises(AssertionError):
+            rounds_match_pass_by_pass()
+    finally:
+        with_round_graphs(False)
+
+
+def test_greedy_requests_of_a_batch_draft_their_rounds_as_one_graph_and_decode_as_alone():
+    """Lockstep rounds of three greedy requests (rows shrinking as chains end) through the round graph: each request
+    gets plain decoding's output."""
+    eng = engine()
+    prompts = [c + [3] for c in CONTEXTS]
+    plain = [eng.generate(p, drafter="none", max_new_tokens=8).token_ids for p in prompts]
+    with_round_graphs(True)
+    try:
+        batch = BatchEngine(eng, max_batch=len(prompts))
+        tickets = [batch.submit(p, drafter="draft", k=4, max_new_tokens=8) for p in prompts]
+        batch.run()
+        assert [t.result().token_ids for t in tickets] == plain
+        assert any(len(key[0]) > 1 and key[0][0][0] > 1 for key in models()[1].exact_pass.rounds)
+    finally:
+        with_round_graphs(False)
