@@ -92,7 +92,7 @@ class Tiles:
     # With fused_sums: the end of each sublayer (residual add and the next RMSNorm) runs in the output and down
     # products' last tile of each row block (linear_partial_kernel's RESIDUAL), two launches a layer fewer. Off
     # until a device run has checked and measured it: that tile ends its rows one after another (scripts/gpu_check.py,
-    # part epilogue).
+    # part swap).
     fused_residual: bool = False
     # With fused_sums: the QKV epilogue (bias, q/k norms, rotary embedding, cache writes) runs in the QKV product's
     # last tile of each row block (linear_partial_kernel's QKV), one launch a layer fewer. Off until a device run
@@ -196,7 +196,7 @@ class ExactPass:
         self._shape_tiles: dict[tuple, Tiles] = {}  # Tiles.for_shape by (tiles, N, K)
         self._counts = [torch.zeros(-(-4096 // tiles.block_m) * -(-widest // narrowest), dtype=torch.int32,
                                     device=model.device)]
-        # Arrival counts of the row blocks whose sublayer ends in a product (Tiles.fused_residual): 4,096 rows
+        # Arrival counts of the row blocks a product ends (Tiles.fused_residual, fused_qkv): 4,096 rows
         self._row_counts = torch.zeros(-(-4096 // tiles.block_m), dtype=torch.int32, device=model.device)
 
     # ------------------------------------------------------------------ caches
