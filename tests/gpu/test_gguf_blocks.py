@@ -120,13 +120,19 @@ def test_the_product_check_catches_two_bit_values_in_the_wrong_order(runner, mon
     assert not torch.equal(got, expected)
 
 
-def test_a_model_of_blocks_is_its_bfloat16_model_and_its_rows_are_exact():
+# Issue 64's tiles (off in production): 16-row transposed tiles, every epilogue in its product. The QKV matrix's two
+# block types are two launches, so its epilogue waits for the row block's tiles over both.
+FUSED = dataclasses.replace(TILES, fused_residual=True, fused_qkv=True).swapped()
+
+
+@pytest.mark.parametrize("tiles", [TILES, FUSED], ids=["tiles", "fused-transposed"])
+def test_a_model_of_blocks_is_its_bfloat16_model_and_its_rows_are_exact(tiles):
     """Every matrix as blocks (Q4_K and Q6_K parts in one QKV matrix, a Q6_K head): a prompt block's logits are the
     bfloat16 model's bits, and each row's are its decode step's."""
     dense, _ = bf16_model()
     model, blocks = bf16_model()
     assert gguf_blocks.attach(model, gguf_blocks.gpu_readable(blocks)) == len(blocks) == 2 * 4 + 1
-    dense, model = on_gpu_path(dense, tiles=TILES), on_gpu_path(model, tiles=TILES)
+    dense, model = on_gpu_path(dense, tiles=tiles), on_gpu_path(model, tiles=tiles)
     assert isinstance(model.output_weight(), gguf_blocks.BlockWeight)
     assert model.layers[0].qkv.kinds == ["Q4_K", "Q6_K"] and model.layers[0].gate_up.kinds == ["Q4_K"]  # runs merged
     tokens = tokens_for(model, 4, seed=2)
@@ -157,3 +163,21 @@ def test_a_gguf_file_loads_its_readable_matrices_as_blocks():
     ids = torch.arange(0, model.config.vocab_size, 397)
     expected = runner.product(x, plain.output_weight().index_select(0, ids).contiguous())[0]
     assert torch.equal(runner.product(x, head.index_select(0, ids))[0], expected)
+
+
+class CountsOneLaunch(ExactPass):
+    """Broken: a product's row block counts only its first launch's tiles (one run of block types), so the QKV
+    epilogue runs before the V matrix's launch has summed anything."""
+
+    def _product_end(self, parts, t, n, residual, qkv):
+        args, consts = super()._product_end(parts, t, n, residual, qkv)
+        return (args[:5] + (-(-parts[0].rows // t.block_n),) + args[6:] if consts else args), consts
+
+
+def test_the_block_check_catches_an_epilogue_counting_one_launch():
+    dense, _ = bf16_model()
+    model, blocks = bf16_model()
+    gguf_blocks.attach(model, gguf_blocks.gpu_readable(blocks))
+    dense, model = on_gpu_path(dense, tiles=FUSED), on_gpu_path(model, CountsOneLaunch, tiles=FUSED)
+    tokens = tokens_for(model, 4, seed=2)
+    assert not torch.equal(model(tokens, model.new_cache()), dense(tokens, dense.new_cache()))
