@@ -49,7 +49,9 @@ class ChainRound:
     token chosen from the pass before on the device (gpu/draft_round.py): its argmax, or where `sampling` samples,
     `noise`'s draw at the sequence position (`position` for the round's first choice, then one more a step).
     Answered with (the chosen tokens, their top probabilities) read once at the end, or None where the model
-    cannot run rounds (the proposal then drafts pass by pass)."""
+    cannot run rounds (the proposal then drafts pass by pass). A tree's round (`tree`, greedy) chooses each step's
+    first of its two top tokens, as the tree drafter's loop does, and is answered with (those tokens, the runner-up
+    probabilities, the runner-up tokens)."""
 
     cache: object
     token: int
@@ -57,6 +59,7 @@ class ChainRound:
     sampling: SamplingParams = SamplingParams()
     noise: PositionNoise | None = None
     position: int = 0
+    tree: bool = False
 
 
 def run_alone(steps: DraftSteps):

@@ -210,9 +210,31 @@ class DraftModelDrafter(Drafter):
             chain_parent = best_index
             if depth + 1 == k:
                 break
+            if self.device_rounds:  # the depths left as one device round, read once
+                answer = yield self.model, ChainRound(self.cache, best, k - depth - 1, tree=True)
+                if answer is not None:
+                    passes += self._take_tree_round(best, answer, tokens, parents, chain_parent, branch_min_prob)
+                    break
             logits = yield from self._next_logits(best)
             passes += 1
         return Draft(tokens, forward_passes=passes, parents=parents, chain_length=k, catch_up=self.last_sync_tokens)
+
+    def _take_tree_round(self, best: int, answer, tokens: list[int], parents: list[int], chain_parent: int,
+                         branch_min_prob: float) -> int:
+        """A tree's depths from a device round (ChainRound with tree): each depth's top token on the chain and its
+        runner-up as a leaf where the draft gives it branch_min_prob, as the loop adds them. Returns the round's
+        passes; the cache holds what they fed."""
+        chosen, runner_ups, seconds = answer
+        self.cached.extend([best] + chosen[:-1])
+        for token, runner_up, second in zip(chosen, runner_ups, seconds):
+            tokens.append(token)
+            parents.append(chain_parent)
+            best_index = len(tokens)
+            if runner_up >= branch_min_prob:
+                tokens.append(second)
+                parents.append(chain_parent)
+            chain_parent = best_index
+        return len(chosen)
 
 
 class TreeDrafter(DraftModelDrafter):

@@ -40,9 +40,11 @@ def chain_rounds(model, rounds: list) -> list[tuple[list[int], list[float]]] | N
     if plans is None:
         return None
     with exact.on_device():
-        chosen, probs = _launch_steps(model, plans, ordered)
-        values = torch.cat([torch.cat(chosen).double(), torch.cat(probs).double()]).tolist()  # the one read
-    tokens, confidences = values[: len(values) // 2], values[len(values) // 2 :]
+        chosen, probs, seconds = _launch_steps(model, plans, ordered)
+        parts = [chosen, probs] + ([seconds] if seconds else [])
+        values = torch.cat([torch.cat(part).double() for part in parts]).tolist()  # the one read
+    size = len(values) // len(parts)
+    tokens, confidences, runners = values[:size], values[size : 2 * size], values[2 * size :]
     if any(token < 0 for token in tokens):  # a sampled row without mass: as PositionNoise.choose refuses it
         raise ValueError("sampling from a distribution with no mass")
     offsets = _step_offsets(ordered)
@@ -51,6 +53,8 @@ def chain_rounds(model, rounds: list) -> list[tuple[list[int], list[float]]] | N
         # step s holds the rounds still going at s, in their order: this round's result of step s sits at its rank
         picked = [offsets[step] + rank for step in range(ordered[rank].steps)]
         answers[index] = ([int(tokens[i]) for i in picked], [confidences[i] for i in picked])
+        if ordered[rank].tree:  # its probabilities are the runner-ups', and their tokens come with them
+            answers[index] += ([int(runners[i]) for i in picked],)
     return answers
 
 
@@ -84,9 +88,10 @@ def _plan_steps(exact, ordered: list):
     return plans
 
 
-def _launch_steps(model, plans: list, ordered: list) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _launch_steps(model, plans: list, ordered: list) -> tuple[list[torch.Tensor], list[torch.Tensor], list]:
     """Every step's pass, back to back on the device: its metadata from one copy, its first rows' tokens the
-    argmaxes of the pass before. Per step, the argmaxes and top probabilities (device tensors)."""
+    choices of the pass before. Per step (device tensors), the choices and top probabilities, a tree round's rows
+    their runner-up probabilities instead; and where any round is a tree, the runner-up tokens (else [])."""
     device = model.device
     flat = np.concatenate([plan.meta.ravel() for plan in plans])
     metas, at = [], 0
@@ -96,15 +101,24 @@ def _launch_steps(model, plans: list, ordered: list) -> tuple[list[torch.Tensor]
         at += plan.meta.size
     current = torch.tensor([r.token for r in ordered], device=device)
     draws = _draws(ordered, device)
-    if draws is None and model.exact_pass.round_graphs:
-        return RoundGraph.of(model, plans).run(on_device, current)
-    chosen, probs = [], []
+    trees = torch.tensor([r.tree for r in ordered], device=device) if any(r.tree for r in ordered) else None
+    if draws is None and trees is None and model.exact_pass.round_graphs:
+        return (*RoundGraph.of(model, plans).run(on_device, current), [])
+    chosen, probs, seconds = [], [], []
     for step, (plan, meta) in enumerate(zip(plans, metas)):
         logits = model._finish_logits(model.exact_pass.launch(plan, meta, tokens=current[: plan.rows]))
         current = _choose(logits, ordered, step, draws)
+        top = torch.softmax(logits.float(), -1)
+        if trees is None:
+            probs.append(top.amax(dim=-1))
+        else:  # a tree's rows: the first of the two top tokens (as its loop's topk), the runner-up's probability
+            top = torch.topk(top, 2)
+            tree = trees[: plan.rows]
+            current = torch.where(tree, top.indices[:, 0], current)
+            probs.append(torch.where(tree, top.values[:, 1], top.values[:, 0]))
+            seconds.append(top.indices[:, 1])
         chosen.append(current)
-        probs.append(torch.softmax(logits.float(), -1).amax(dim=-1))
-    return chosen, probs
+    return chosen, probs, seconds
 
 
 def _draws(ordered: list, device) -> tuple[list[int], torch.Tensor] | None:

@@ -98,7 +98,7 @@ def feeds_the_token_before(model, plans, ordered):
         earlier, current = current, logits.argmax(dim=-1)
         chosen.append(current)
         probs.append(torch.softmax(logits.float(), -1).amax(dim=-1))
-    return chosen, probs
+    return chosen, probs, []
 
 
 def test_the_check_catches_a_round_whose_argmax_feeds_the_wrong_step(monkeypatch):
@@ -230,3 +230,58 @@ def test_greedy_requests_of_a_batch_draft_their_rounds_as_one_graph_and_decode_a
         assert any(len(key[0]) > 1 and key[0][0][0] > 1 for key in models()[1].exact_pass.rounds)
     finally:
         with_round_graphs(False)
+
+
+
+# ------------------------------------------------------------------ a token tree's depths as one device round
+def trees_with(device_rounds: bool, k: int = 5, branch: float = 0.08):
+    """Each context's token tree (tokens, parents, passes, the cache's tokens after) from one drafter."""
+    drafter = DraftModelDrafter(models()[1], CONTEXT)
+    drafter.device_rounds = device_rounds
+    out = []
+    for context in CONTEXTS + CONTEXTS[:1]:
+        draft = drafter.propose_tree(context, k, branch_min_prob=branch)
+        out.append((draft.tokens, draft.parents, draft.forward_passes, list(drafter.cached), drafter.cache.length))
+    return out
+
+
+def test_a_trees_depths_as_one_round_are_the_loops_tree(monkeypatch):
+    """The tree drafter's chain past its first depth runs as one device round (each depth's top token feeding the
+    next, its runner-up and probability read with it once at the end): the loop's tree, leaves where the loop
+    branched, and its cache."""
+    ran = []
+    chain_rounds = draft_round.chain_rounds
+    monkeypatch.setattr(draft_round, "chain_rounds", lambda model, rounds: ran.append([r.tree for r in rounds])
+                        or chain_rounds(model, rounds))
+    rounds, loop = trees_with(True), trees_with(False)
+    assert rounds == loop
+    assert ran and all(all(trees) for trees in ran)
+    assert any(len(tokens) > 5 for tokens, *_ in loop)  # some depth branched
+
+
+def test_the_tree_check_catches_leaves_from_the_wrong_depth(monkeypatch):
+    take = DraftModelDrafter._take_tree_round
+
+    def shifted(self, best, answer, *rest):
+        chosen, runner_ups, seconds = answer
+        return take(self, best, (chosen, runner_ups, seconds[1:] + seconds[:1]), *rest)
+
+    monkeypatch.setattr(DraftModelDrafter, "_take_tree_round", shifted)
+    assert trees_with(True) != trees_with(False)
+
+
+def test_tree_and_chain_requests_of_a_batch_share_their_rounds_and_decode_as_alone(monkeypatch):
+    """A batch's tree and chain requests draft their rounds in lockstep (a tree's rows choose and read as its loop,
+    a chain's as its own): each request gets plain decoding's output."""
+    ran = []
+    chain_rounds = draft_round.chain_rounds
+    monkeypatch.setattr(draft_round, "chain_rounds", lambda model, rounds: ran.append({r.tree for r in rounds})
+                        or chain_rounds(model, rounds))
+    eng = engine()
+    prompts = [c + [3] for c in CONTEXTS]
+    plain = [eng.generate(p, drafter="none", max_new_tokens=8).token_ids for p in prompts]
+    batch = BatchEngine(eng, max_batch=len(prompts))
+    tickets = [batch.submit(p, drafter=d, k=4, max_new_tokens=8) for p, d in zip(prompts, ["tree", "draft", "tree"])]
+    batch.run()
+    assert [t.result().token_ids for t in tickets] == plain
+    assert {True, False} in ran, "no round held a tree and a chain at once"
