@@ -200,14 +200,8 @@ class DraftModelDrafter(Drafter):
             top = torch.topk(torch.softmax(logits.float(), -1), 2)
             # one read for the depth (on a GPU each read waits for the device): both probabilities and both ids
             _, runner_up, best, second = torch.cat([top.values.double(), top.indices.double()]).tolist()
-            best, second = int(best), int(second)
-            tokens.append(best)
-            parents.append(chain_parent)
-            best_index = len(tokens)
-            if runner_up >= branch_min_prob:
-                tokens.append(second)
-                parents.append(chain_parent)
-            chain_parent = best_index
+            best = int(best)
+            chain_parent = add_depth(tokens, parents, chain_parent, best, int(second), runner_up, branch_min_prob)
             if depth + 1 == k:
                 break
             if self.device_rounds:  # the depths left as one device round, read once
@@ -227,14 +221,21 @@ class DraftModelDrafter(Drafter):
         chosen, runner_ups, seconds = answer
         self.cached.extend([best] + chosen[:-1])
         for token, runner_up, second in zip(chosen, runner_ups, seconds):
-            tokens.append(token)
-            parents.append(chain_parent)
-            best_index = len(tokens)
-            if runner_up >= branch_min_prob:
-                tokens.append(second)
-                parents.append(chain_parent)
-            chain_parent = best_index
+            chain_parent = add_depth(tokens, parents, chain_parent, token, second, runner_up, branch_min_prob)
         return len(chosen)
+
+
+def add_depth(tokens: list[int], parents: list[int], chain_parent: int, best: int, second: int, runner_up: float,
+              branch_min_prob: float) -> int:
+    """One depth of a greedy token tree: the top token on the chain, the runner-up as a leaf beside it where the
+    draft gives it branch_min_prob. Returns the block index of the new chain node."""
+    tokens.append(best)
+    parents.append(chain_parent)
+    best_index = len(tokens)
+    if runner_up >= branch_min_prob:
+        tokens.append(second)
+        parents.append(chain_parent)
+    return best_index
 
 
 class TreeDrafter(DraftModelDrafter):
