@@ -40,6 +40,7 @@ import triton.language as tl
 
 from specdecode.build import freeze_loaded_objects
 from specdecode.gpu import noise_kernel
+from specdecode.gpu.exact_pass import ExactPass
 from specdecode.gpu.gguf_blocks import BlockWeight
 
 from qwen_shapes import SHAPES, TINY  # noqa: E402  (scripts/, this script's folder)
@@ -302,8 +303,6 @@ def repeat_and_unfused(model, block, prompt: int, cache, repeats: int) -> list[s
     """The block again and again, and under each of UNMEASURED's tiles, again and again (which split of a product
     tile, or segment of a row's attention, arrives last varies from run to run; the order of the sum must not):
     each must give the first run's bits."""
-
-    from specdecode.gpu.exact_pass import ExactPass
 
     def run():
         cache.truncate(prompt)
@@ -1404,8 +1403,6 @@ def alternated_costs(model, tiles_by_label: dict, sizes, chunk: int = 0) -> dict
     """{label: {rows: seconds}} of whole passes (block_costs: graph replays after 256 positions) under each tiles,
     alternated twice (a clock or thermal drift falls on all), the faster of the two; with chunk, also an eager
     prompt chunk of that many rows (key "chunk")."""
-    from specdecode.gpu.exact_pass import ExactPass
-
     saved, runs = model.exact_pass, {label: [] for label in tiles_by_label}
     try:
         for _ in range(2):
@@ -1421,24 +1418,18 @@ def alternated_costs(model, tiles_by_label: dict, sizes, chunk: int = 0) -> dict
     return {label: {key: min(run[key] for run in done) for key in done[0]} for label, done in runs.items()}
 
 
-class SwappedUpToSixteenRows:
+class SwappedUpToSixteenRows(ExactPass):
     """A twin for part swap: transposed 16-row tiles for passes of up to 16 rows, the default tiles beyond (the tile
     chosen by rows). Whether it changes bits is the device's question (under the interpreter it cannot)."""
 
-    def __new__(cls, model, tiles):
-        from specdecode.gpu.exact_pass import ExactPass
-
-        class Twin(ExactPass):
-            def product(self, x, weight, **options):
-                if x.shape[0] > 16:
-                    return super().product(x, weight, **options)
-                self.tiles, kept = self.tiles.swapped(), self.tiles
-                try:
-                    return super().product(x, weight, **options)
-                finally:
-                    self.tiles = kept
-
-        return Twin(model, tiles)
+    def product(self, x, weight, **options):
+        if x.shape[0] > 16:
+            return super().product(x, weight, **options)
+        self.tiles, kept = self.tiles.swapped(), self.tiles
+        try:
+            return super().product(x, weight, **options)
+        finally:
+            self.tiles = kept
 
 
 # Tiles that may change a product's bits against the defaults' (another MMA shape, reductions in another kernel's
@@ -1457,8 +1448,6 @@ def tiles_variants(report, models, bandwidth, tiny):
     """Issue 64 item 1, parts swap and epilogue: the 1.5B shape's rows exact under each variant (check_rows), its
     bits against the defaults' and (swap) a twin's, then passes of 1, 8 and 16 rows and a 128-row prompt chunk per
     shape, each variant against the defaults, alternated."""
-    from specdecode.gpu.exact_pass import ExactPass
-
     model = models["1.5b"]
     saved = model.exact_pass
     tokens = torch.randint(0, model.config.vocab_size, (40,), device=model.device)
@@ -1564,7 +1553,7 @@ def shape_tiles(report, models, tiny):
     table, data = {}, []
     candidates = SHAPE_CANDIDATES[:2] if tiny else SHAPE_CANDIDATES
     for name, model in models.items():
-        layer, c = model.layers[0], model.config
+        layer = model.layers[0]
         saved = model.exact_pass
         device = model.embed.device
         for weight in (layer.qkv, layer.out_proj, layer.gate_up, layer.down):
