@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from . import accept, pass_timings
+from .batch_ahead import LaterRead, PassInFlight, decodes_plainly, next_row_pays, to_device
 from .batch_draft import draft_together
 from .batch_plan import trim_drafts
 from .drafters.base import Draft, Drafter
@@ -110,12 +111,15 @@ class BatchEngine:
     two integers a request read back) instead of each on the host from its argmaxes (or draws), all read at once.
     Off by default: it costs the host more than the Python comparison it replaces (16 requests on a CPU: 34 against
     27 us a request and pass, docs/experiments/batch_host_time.py --verdicts both), and pays only once the next
-    pass is built on the device too (not built); scripts/gpu_check.py (part verdicts) measures it on a GPU. The
-    verdicts are the same either way.
+    pass is built on the device too (built for plain decoding only: launch_ahead); scripts/gpu_check.py (part
+    verdicts) measures it on a GPU. The verdicts are the same either way.
+    launch_ahead: where every running request decodes plainly and greedily on the GPU path, launch the next pass
+    from the device's argmaxes before reading this one, and settle this one while the next runs (batch_ahead.py).
+    The tokens are the same; off by default until a device run has timed it (scripts/gpu_check.py, part verdicts).
     """
 
     def __init__(self, engine: Engine, max_batch: int = 8, prefill_rows: int = 64, overlap: bool | None = None,
-                 device_verdicts: bool | None = None):
+                 device_verdicts: bool | None = None, launch_ahead: bool = False):
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.engine = engine
@@ -131,6 +135,10 @@ class BatchEngine:
         self.overlap = model.device.type == "cuda" if overlap is None else overlap
         self.device_verdicts = bool(device_verdicts)
         self.unpublished: dict[Ticket, None] = {}  # running requests whose last step's event waits for the next pass
+        self.launch_ahead = launch_ahead
+        self.in_flight: PassInFlight | None = None  # a pass launched ahead, read by the next step
+        self.passes_ahead = 0  # passes launched before the pass before them was read
+        self._read_at = 0.0  # when the last pass in flight was read
 
     # ------------------------------------------------------------------ the public face
     def submit(self, prompt, on_event=None, **settings) -> Ticket:
@@ -166,11 +174,11 @@ class BatchEngine:
         """Drop every request (after a failed pass: their caches may hold half-written rows)."""
         for ticket in self.running:
             ticket.slot.forget()
-        self.running, self.waiting, self.unpublished = [], deque(), {}
+        self.running, self.waiting, self.unpublished, self.in_flight = [], deque(), {}, None
 
     @property
     def busy(self) -> bool:
-        return bool(self.running or self.waiting or self.unpublished)
+        return bool(self.running or self.waiting or self.unpublished or self.in_flight)
 
     def run(self) -> None:
         """Step until every submitted request has finished."""
@@ -197,6 +205,8 @@ class BatchEngine:
     # ------------------------------------------------------------------ one pass
     def step(self) -> int:
         """Admit what fits, then one target pass for every running request. Returns the pass's rows."""
+        if self.in_flight is not None:
+            return self._settle_in_flight()
         self._admit()
         self._share_prompts()
         decoding = [t for t in self.running if not t.pending and not t.finished]
@@ -218,6 +228,9 @@ class BatchEngine:
         starts = [seg.cache.length for seg in segments]
         t0 = time.perf_counter()
         logits = self.engine.target.model.forward_batch(segments)
+        if not reads and self._goes_ahead(planned):
+            self.in_flight = PassInFlight.of(planned, torch.cat(logits), starts)
+            return self._settle_in_flight()
         self._publish()  # the last pass's events, while a GPU runs this one
         pass_timings.wait_for_device(self.engine.target.model.device)
         seconds = time.perf_counter() - t0
@@ -237,6 +250,60 @@ class BatchEngine:
             self._isolated(ticket, self._read, ticket, chunk)
         self._retire()
         return rows
+
+    # ------------------------------------------------------------------ the next pass launched before this one is read
+    def _goes_ahead(self, tickets: Iterable[Ticket]) -> bool:
+        """Whether the pass after these tickets' may be launched before theirs is read: every running request is
+        among them and decodes plainly, and no waiting request could join the next pass instead."""
+        if not self.launch_ahead or (self.waiting and len(self.running) < self.max_batch):
+            return False
+        tickets = set(tickets)
+        return all(ticket in tickets and decodes_plainly(ticket) for ticket in self.running if not ticket.finished)
+
+    def _settle_in_flight(self) -> int:
+        """Settle the pass in flight (its rows' argmaxes in one read), with the next pass launched before the read
+        where the requests still go ahead: the host reads, judges and publishes while the device runs it."""
+        passed, self.in_flight = self.in_flight, None
+        choice = passed.logits.argmax(dim=-1)
+        read = LaterRead(choice)
+        after = self._launch_after(passed, choice)
+        self._publish()  # the events that waited, while the device runs
+        tokens = read.tolist()
+        now = time.perf_counter()
+        seconds, self._read_at = now - max(passed.launched, self._read_at), now
+        rows = len(passed.rows)
+        self.passes, self.last_rows, self.last_batch = self.passes + 1, rows, rows
+        for ticket, (row, start) in passed.rows.items():
+            cache = ticket.slot.cache
+            ahead = after is not None and ticket in after.rows
+            if ahead:
+                cache.length -= 1  # the row launched after: back once this step is settled and the request goes on
+            self._apply(ticket, passed.logits[row : row + 1], start, seconds / rows, False, [tokens[row]])
+            if ahead and not ticket.finished and ticket.generation.sequence[-1] == tokens[row]:
+                cache.length += 1
+            elif ahead:  # it ended here (or failed): its next row is dropped, as a rejected draft's
+                del after.rows[ticket]
+        self.in_flight = after if after is not None and after.rows else None
+        self._retire()
+        return rows
+
+    def _launch_after(self, passed: PassInFlight, choice: torch.Tensor) -> PassInFlight | None:
+        """The next pass, its tokens the argmaxes of the pass in flight (`choice`, on the device), for the requests
+        whose next row can be kept; None where it is not launched."""
+        if not self._goes_ahead(passed.rows):
+            return None
+        tickets = [ticket for ticket in passed.rows if next_row_pays(ticket)]
+        if not tickets:
+            return None
+        picked = [passed.rows[ticket][0] for ticket in tickets]
+        if picked != list(range(len(choice))):
+            choice = choice.index_select(0, to_device(picked, choice.device))
+        starts = [ticket.slot.cache.length for ticket in tickets]
+        logits = self.engine.target.model.steps_from_device([t.slot.cache for t in tickets], choice)
+        if logits is None:
+            return None
+        self.passes_ahead += 1
+        return PassInFlight.of(tickets, logits, starts)
 
     def _isolated(self, ticket: Ticket, work: Callable, *args):
         """`work(*args)`, one request's own part of the pass; an exception there (something its own settings or

@@ -16,10 +16,15 @@ that cannot overlap the device; --overlap on/off says whether the batch publishe
 default), or together by accept.py (the GPU path's default; here its torch reference on the CPU); both alternates
 the two in one process, run by run, and prints each (the comparison to trust on these machines).
 
+--ahead on|off|both: BatchEngine's launch_ahead (batch_ahead.py): each pass after the first launched from the
+device's argmaxes before the pass before it is read (the stub's device runs its passes one after another), and that
+pass read with one copy that waits for it alone; with --device-ms the host's work of a pass then overlaps the next.
+
     .venv/bin/python docs/experiments/batch_host_time.py                          # host time per pass and request
     .venv/bin/python docs/experiments/batch_host_time.py --device-ms 2 --overlap on   # a pass's wall time beyond D
     .venv/bin/python docs/experiments/batch_host_time.py --profile tottime        # and a profile of the last run
     .venv/bin/python docs/experiments/batch_host_time.py --verdicts both          # host vs device verdicts
+    .venv/bin/python docs/experiments/batch_host_time.py --device-ms 2 --overlap on --ahead both  # launch_ahead
 """
 import argparse
 import cProfile
@@ -30,7 +35,7 @@ import time
 
 import torch
 
-from specdecode import pass_timings
+from specdecode import batch as batch_module, pass_timings
 from specdecode.batch import BatchEngine
 from specdecode.build import EngineOptions, build_engine
 
@@ -43,6 +48,7 @@ parser.add_argument("--overlap", choices=["on", "off"], default="off")
 parser.add_argument("--freeze", action="store_true", help="gc.freeze() once the models are loaded")
 parser.add_argument("--profile", nargs="?", const="cumulative", help="profile the last run, sorted by this")
 parser.add_argument("--verdicts", choices=["host", "device", "both"], default="host")
+parser.add_argument("--ahead", choices=["on", "off", "both"], default="off")
 args = parser.parse_args()
 
 engine, _ = build_engine(EngineOptions(model="smollm2-135m"))
@@ -52,16 +58,41 @@ rows[:, [i for i in engine.target.tokenizer.eos_ids if i < WIDTH]] = float("-inf
 cursor, device_done = [0], [0.0]
 
 
+def next_rows(count):
+    first = cursor[0] % (len(rows) - 64)
+    cursor[0] += count
+    return rows[first : first + count]
+
+
+def launched():  # the stub's device runs its passes one after another, each device_ms long
+    device_done[0] = max(time.perf_counter(), device_done[0]) + args.device_ms / 1e3
+
+
 def stub_pass(segments):
     out = []
     for seg in segments:
         seg.cache.length += seg.rows
         count = {"all": seg.rows, "last": 1}.get(seg.logits, 0)
-        first = cursor[0] % (len(rows) - 64)
-        cursor[0] += count
-        out.append(rows[first : first + count] if count else None)
-    device_done[0] = time.perf_counter() + args.device_ms / 1e3
+        out.append(next_rows(count) if count else None)
+    launched()
     return out
+
+
+def stub_steps(caches, tokens):  # Transformer.steps_from_device: one row per cache, its token on the device
+    for cache in caches:
+        cache.length += 1
+    launched()
+    return next_rows(len(caches))
+
+
+class LaterRead:  # batch_ahead.LaterRead: waits for the passes launched before it only
+    def __init__(self, values):
+        self.values, self.ready = values, device_done[0]
+
+    def tolist(self):
+        while time.perf_counter() < self.ready:
+            pass
+        return self.values.tolist()
 
 
 def wait_for_device(device):
@@ -72,11 +103,16 @@ def wait_for_device(device):
 if args.freeze:
     gc.freeze()
 engine.target.model.forward_batch = stub_pass
+engine.target.model.steps_from_device = stub_steps
 pass_timings.wait_for_device = wait_for_device
+batch_module.LaterRead = LaterRead
 prompts = [torch.randint(100, 20000, (32,), generator=gen).tolist() for _ in range(REQUESTS)]
-modes = ["host", "device"] if args.verdicts == "both" else [args.verdicts]
-batches = {mode: BatchEngine(engine, max_batch=REQUESTS, prefill_rows=256, overlap=args.overlap == "on",
-                             device_verdicts=mode == "device") for mode in modes}
+verdicts = ["host", "device"] if args.verdicts == "both" else [args.verdicts]
+aheads = ["off", "on"] if args.ahead == "both" else [args.ahead]
+modes = [f"{v} verdicts, ahead {a}" for v in verdicts for a in aheads]
+batches = {f"{v} verdicts, ahead {a}": BatchEngine(engine, max_batch=REQUESTS, prefill_rows=256,
+                                                   overlap=args.overlap == "on", device_verdicts=v == "device",
+                                                   launch_ahead=a == "on") for v in verdicts for a in aheads}
 published = [0.0]
 
 
@@ -103,7 +139,7 @@ for run in range(args.runs):
 for mode in modes:
     timings = runs[mode][1:] or runs[mode]
     seconds = statistics.median(timings)
-    print(f"{REQUESTS} requests, {mode} verdicts, overlap {args.overlap}, device pass {args.device_ms} ms: "
+    print(f"{REQUESTS} requests, {mode}, overlap {args.overlap}, device pass {args.device_ms} ms: "
           f"{seconds * 1e3:.2f} ms of host time per pass beyond the device's, {seconds / REQUESTS * 1e6:.1f} us per "
           f"request (median of {len(timings)} runs: {' '.join(f'{r / REQUESTS * 1e6:.0f}' for r in timings)}); "
           f"events published during a pass: {hidden[mode] / REQUESTS * 1e6:.1f} us per request (last run)")

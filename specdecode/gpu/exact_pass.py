@@ -222,7 +222,16 @@ class ExactPass:
         logits, the argmaxes) is a launch or two however many sequences share it."""
         planned = self.prepare(segments)
         with self.on_device():
-            return self.launch(planned, torch.from_numpy(planned.meta).to(self.model.device, non_blocking=True))
+            return self.launch(planned, self.upload(planned.meta))
+
+    def upload(self, meta: np.ndarray) -> torch.Tensor:
+        """A pass's metadata on the device, copied behind the work queued there: from pinned memory on CUDA, so that
+        neither the host nor the copy waits for the passes still running (a batch launches its next pass before it
+        reads the last: batch_ahead.py)."""
+        host = torch.from_numpy(meta)
+        if self.model.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(self.model.device, non_blocking=True)
 
     def prepare(self, segments) -> "PlannedPass":
         """What a pass over the segments launches, decided on the host: its captured bucket (or None: eager), its

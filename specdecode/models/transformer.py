@@ -397,6 +397,22 @@ class Transformer(nn.Module):
 
         return chain_rounds(self, rounds)
 
+    def steps_from_device(self, caches: list, tokens: torch.Tensor) -> torch.Tensor | None:
+        """One decode step for each cache in one pass, the steps' tokens a device tensor (a batch's argmaxes of its
+        last pass, never read to the host: batch_ahead.py): logits [len(caches), vocab], each cache advanced by one.
+        None, with nothing run, off the GPU path or where the rows do not fit one pass (caches of several pools, a
+        long context's row cap)."""
+        exact = self.exact_pass
+        segments = [Segment([0], cache, "last") for cache in caches]  # tokens: set on the device
+        if exact is None or len({id(c.pool) for c in caches}) > 1 or len(exact.plan(segments)) > 1:
+            return None
+        planned = exact.prepare(segments)
+        with exact.on_device():
+            scores = exact.launch(planned, exact.upload(planned.meta), tokens=tokens)
+        for cache in caches:
+            cache.length += 1
+        return self._finish_logits(scores)
+
     def _exact_group(self, segments: list[Segment]) -> list[torch.Tensor | None]:
         """The segments through the GPU path, logits as `forward` gives them: one pass per cache pool, or as many
         as keep each within the pass's row cap (ExactPass.plan: a long chain is cut into pieces)."""

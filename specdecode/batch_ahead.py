@@ -1,0 +1,80 @@
+"""A batch's next pass launched before its last pass is read (BatchEngine's `launch_ahead`).
+
+Where every running request decodes plainly and greedily (no drafter, nothing shaping its rows), the token each one
+feeds its next pass is its row's argmax, which the device holds already. So the batch launches the next pass with
+those argmaxes as its tokens (`Transformer.steps_from_device`: the metadata built on the host, where positions are
+known, and copied from pinned memory), then reads the last pass's argmaxes (one pinned asynchronous copy, queued
+before the next pass: waiting for it waits for the last pass only) and settles it while the device runs the next.
+On a GPU the host's per-request work (verdicts, stop checks, detokenizing, events) then hides behind the device's.
+
+The tokens are those of the batch without it: each row is computed from its own token, position and cache alone
+(the GPU path's kernels), and its token is the one the host reads. A request that ends at the pass being settled
+(its EOS, its budget, a stop string, a failure) had a row in the next pass too: that row is dropped and its cache
+rolled back to before it, as a rejected draft's rows are. Rows that would surely be wasted (a budget of one token,
+no room in the cache) are never launched.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+class LaterRead:
+    """A device tensor's values, copied to pinned host memory behind the work queued so far and read later:
+    waiting for them waits for that work only, not for what was launched after the copy. On a CPU: the values."""
+
+    def __init__(self, values: torch.Tensor):
+        self.event = None
+        if values.device.type == "cuda":
+            with torch.cuda.device(values.device):
+                self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+                self.host.copy_(values, non_blocking=True)
+                self.event = torch.cuda.Event()
+                self.event.record()
+        else:
+            self.host = values
+
+    def tolist(self) -> list:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
+def to_device(values: list[int], device) -> torch.Tensor:
+    """Small host integers on the device without waiting for its queue (pinned, asynchronous on CUDA)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+@dataclass(eq=False)
+class PassInFlight:
+    """A launched pass of plain greedy rows, one a request, not yet read: per ticket its row and where that row
+    was written in its cache."""
+
+    logits: torch.Tensor  # [rows, vocab] on the device
+    rows: dict = field(default_factory=dict)  # ticket -> (row, start)
+    launched: float = field(default_factory=time.perf_counter)
+
+    @classmethod
+    def of(cls, tickets: list, logits: torch.Tensor, starts: list[int]) -> "PassInFlight":
+        return cls(logits, {t: (i, start) for i, (t, start) in enumerate(zip(tickets, starts))})
+
+
+def decodes_plainly(ticket) -> bool:
+    """Whether the request's next pass is one row whose token is its last row's argmax: greedy, no drafter, nothing
+    shaping or recording its rows, its prompt read, not cancelled."""
+    generation = ticket.generation
+    return (generation is not None and generation.drafter is None and generation.sampling.greedy
+            and generation.controls is None and not ticket.cancelled and not ticket.pending
+            and ticket.donor is None and not ticket.finished)
+
+
+def next_row_pays(ticket) -> bool:
+    """Whether a row launched now for the request's step after the one in flight can be kept: a token of its
+    budget left after that step, and room for the row in its cache."""
+    cache = ticket.slot.cache
+    return ticket.generation.stopper.budget >= 2 and cache.max_len - cache.length - 1 >= 0
