@@ -777,6 +777,12 @@ def check_verdicts(report, target, draft, tiny):
     lines.append(f"- {requests} plain greedy requests with launch_ahead ({batch.passes_ahead} of {batch.passes} passes"
                  f" launched before the pass before was read) vs each alone: "
                  f"{'all identical' if not wrong else f'DIFFER: {wrong}'}")
+    alone = Engine(as_loaded(target, tok, "target"), max_context=1024, launch_ahead=True, check_invariants=True)
+    outputs = [alone.generate(p, max_new_tokens=new, drafter="none").token_ids for p in prompts[:4]]
+    wrong = [i for i, (a, b) in enumerate(zip(outputs, plain)) if a != b]
+    bad += [f"Engine launch_ahead: requests {wrong}"] if wrong else []
+    lines.append(f"- one request at a time, Engine(launch_ahead=True), {len(outputs)} prompts vs plain decoding: "
+                 f"{'all identical' if not wrong else f'DIFFER: {wrong}'}")
     report.section("greedy verdicts on the device: the host's verdicts", lines, dict(ok=not bad, bad=bad))
 
 
@@ -1057,11 +1063,12 @@ def plain_speed(model, tokens: int, prompt_len: int = 64) -> float:
     return tokens / (time.perf_counter() - t0)
 
 
-def engine_plain_speed(model, tokens: int) -> float:
+def engine_plain_speed(model, tokens: int, launch_ahead: bool = False) -> float:
     from specdecode.engine import Engine
     from testlib import as_loaded, fake_tokenizer
 
-    engine = Engine(as_loaded(model, fake_tokenizer(model.config.vocab_size)), max_context=1024)
+    engine = Engine(as_loaded(model, fake_tokenizer(model.config.vocab_size)), max_context=1024,
+                    launch_ahead=launch_ahead)
     prompt = torch.randint(0, model.config.vocab_size, (8 if QUICK else 64,)).tolist()
     engine.generate(prompt, drafter="none", max_new_tokens=4)
     engine.reset()
@@ -1614,17 +1621,19 @@ def speed(report, models, hfs, bandwidth, tiny):
         bound = bandwidth / weight_bytes(model)
         ours = plain_speed(model, tokens)
         engine_speed = engine_plain_speed(model, tokens)
+        ahead = engine_plain_speed(model, tokens, launch_ahead=True)
         try:
             theirs = hf_speed(hfs[name], tokens, cache_implementation="static", disable_compile=True)
         except Exception as exc:  # noqa: BLE001  a peer's failure is reported, not fatal
             theirs = float("nan")
             print(f"transformers static cache failed on {name}: {exc}", flush=True)
-        data[name] = dict(bound=bound, ours=ours, engine=engine_speed, hf_static=theirs)
+        data[name] = dict(bound=bound, ours=ours, engine=engine_speed, engine_ahead=ahead, hf_static=theirs)
         lines.append(f"| {name} | {weight_bytes(model) / 1e9:.2f} GB | {bound:.0f} tok/s | {ours:.1f} tok/s"
-                     f" (engine {engine_speed:.1f}) | {100 * ours / bound:.0f}% | {theirs:.1f} tok/s |"
-                     f" {ours / theirs:.2f}x |")
+                     f" (engine {engine_speed:.1f}, launch_ahead {ahead:.1f}: {100 * ahead / bound:.0f}%) |"
+                     f" {100 * ours / bound:.0f}% | {theirs:.1f} tok/s | {ours / theirs:.2f}x |")
     lines.append("\n(specdecode: a loop of single steps and argmax; engine: Engine.generate with drafter none, its"
-                 " stop checks, statistics and detokenizing included)")
+                 " stop checks, statistics and detokenizing included; launch_ahead: the engine launching each step"
+                 " from the device's argmax before reading the step before)")
     report.section("plain decoding", lines, data)
 
     target, draft = models["1.5b"], models["0.5b"]

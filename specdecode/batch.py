@@ -292,7 +292,7 @@ class BatchEngine:
         whose next row can be kept; None where it is not launched."""
         if not self._goes_ahead(passed.rows):
             return None
-        tickets = [ticket for ticket in passed.rows if next_row_pays(ticket)]
+        tickets = [ticket for ticket in passed.rows if next_row_pays(ticket.generation, ticket.slot.cache)]
         if not tickets:
             return None
         picked = [passed.rows[ticket][0] for ticket in tickets]

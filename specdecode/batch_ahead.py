@@ -1,4 +1,4 @@
-"""A batch's next pass launched before its last pass is read (BatchEngine's `launch_ahead`).
+"""A batch's next pass launched before its last pass is read (BatchEngine's `launch_ahead`; Engine's for one request).
 
 Where every running request decodes plainly and greedily (no drafter, nothing shaping its rows), the token each one
 feeds its next pass is its row's argmax, which the device holds already. So the batch launches the next pass with
@@ -64,17 +64,25 @@ class PassInFlight:
         return cls(logits, {t: (i, start) for i, (t, start) in enumerate(zip(tickets, starts))})
 
 
-def decodes_plainly(ticket) -> bool:
-    """Whether the request's next pass is one row whose token is its last row's argmax: greedy, no drafter, nothing
-    shaping or recording its rows, its prompt read, not cancelled."""
-    generation = ticket.generation
+def plain_greedy(generation) -> bool:
+    """Whether each step of the generation is one row whose token is the last row's argmax: greedy, no drafter,
+    nothing shaping or recording its rows."""
     return (generation is not None and generation.drafter is None and generation.sampling.greedy
-            and generation.controls is None and not ticket.cancelled and not ticket.pending
-            and ticket.donor is None and not ticket.finished)
+            and generation.controls is None)
 
 
-def next_row_pays(ticket) -> bool:
-    """Whether a row launched now for the request's step after the one in flight can be kept: a token of its
+def decodes_plainly(ticket) -> bool:
+    """plain_greedy, its prompt read, not cancelled or finished."""
+    return (plain_greedy(ticket.generation) and not ticket.cancelled and not ticket.pending and ticket.donor is None
+            and not ticket.finished)
+
+
+def next_row_pays(generation, cache) -> bool:
+    """Whether a row launched now for the step after the one in flight can be kept: a token of the generation's
     budget left after that step, and room for the row in its cache."""
-    cache = ticket.slot.cache
-    return ticket.generation.stopper.budget >= 2 and cache.max_len - cache.length - 1 >= 0
+    return generation.stopper.budget >= 2 and has_room(cache)
+
+
+def has_room(cache) -> bool:
+    """Whether the cache takes a step's row (as Generation.plan_steps decides)."""
+    return cache.max_len - cache.length - 1 >= 0

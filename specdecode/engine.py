@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 import torch
 
 from . import kernels, pass_timings
+from .batch_ahead import LaterRead, has_room, next_row_pays, plain_greedy, to_device
 from .controls import LogitControls, RowControls
 from .drafters.base import Drafter
 from .drafters.registry import build_drafter
@@ -86,7 +87,11 @@ class Engine:
         auto_draft_model: bool = True,
         allow_inexact: bool = False,
         tuning_params: TuningParams = DEFAULT_TUNING,
+        launch_ahead: bool = False,
     ):
+        """launch_ahead: plain greedy decoding on the GPU path launches each step's pass from the device's argmax
+        before the step before it is read (`_decode_ahead`); the same tokens. Off by default until a device run has
+        timed it (scripts/gpu_check.py)."""
         # Where rows of a block are not computed as the row alone, a verify block can round differently from
         # the decode step it stands for, and at a near-tie speculation then picks another token than plain
         # decoding. A CPU that should have the kernel but lacks it is refused unless the caller accepts that;
@@ -130,6 +135,7 @@ class Engine:
         self._drafters: dict[str, Drafter] = {}
         self.last_prompt_ids: list[int] = []
         self._live_generation: object | None = None
+        self.launch_ahead = launch_ahead
 
     def reset(self) -> None:
         """Forget cached prefixes (benchmarks call this so no method inherits another's prefill).
@@ -293,6 +299,12 @@ class Engine:
             generation.read(chunk)
         self.prefilled(generation)
         live = self._live_generation = object()
+        if self.launch_ahead and plain_greedy(generation):
+            yield from self._decode_ahead(generation, live)
+        else:
+            yield from self._steps(generation, drafter, live)
+
+    def _steps(self, generation: Generation, drafter, live: object) -> Iterator[StreamEvent]:
         while True:
             self._check_live(live)
             event = generation.step_alone(self.target.model)
@@ -301,6 +313,41 @@ class Engine:
             yield event
             if event.finished:
                 return
+
+    def _decode_ahead(self, generation: Generation, live: object) -> Iterator[StreamEvent]:
+        """Plain greedy decoding on the GPU path, each step's pass launched from the device's argmax before the step
+        before it is read (batch_ahead.py): the host settles and hands out a step while the device runs the next.
+        The same tokens: the row of a step after the answer ended is rolled back, as a rejected draft's. Where a
+        pass cannot run so (off the GPU path), or no row is worth launching, the usual steps go on."""
+        model, cache = self.target.model, self.cache
+        logits = None
+        if has_room(cache):
+            logits = model.steps_from_device([cache], to_device([generation.sequence[-1]], model.device))
+        read_at = time.perf_counter()
+        while logits is not None:
+            start = cache.length - 1
+            choice = logits.argmax(dim=-1)
+            read = LaterRead(choice)
+            self._check_live(live)
+            after = model.steps_from_device([cache], choice) if next_row_pays(generation, cache) else None
+            token = read.tolist()[0]
+            now = time.perf_counter()
+            seconds, read_at = now - read_at, now
+            if after is not None:
+                cache.length -= 1  # the next step's row: back once this step is settled and the answer goes on
+            generation.settle(logits, start, seconds, solo=False, choice=[token])
+            event = generation.publish()
+            if self.check_invariants:
+                self._assert_invariants(generation.sequence, None)
+            if after is not None and not event.finished and generation.sequence[-1] == token:
+                cache.length += 1
+            else:
+                after = None
+            yield event
+            if event.finished:
+                return
+            logits = after
+        yield from self._steps(generation, None, live)
 
     def start_generation(self, generation: Generation) -> None:
         """Before the prompt is read: the drafter begins, and the adaptive K gets its costs if it lacks them."""

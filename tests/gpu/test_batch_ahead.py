@@ -89,3 +89,29 @@ def test_the_check_catches_a_pass_launched_ahead_with_another_requests_tokens(mo
     batch = BatchEngine(engine(eos()), max_batch=2, launch_ahead=True)
     got = [r.token_ids for r in batch.generate_many([PROMPTS[0], PROMPTS[3]], drafter="none", max_new_tokens=3)]
     assert got != [solo(0)[:3], solo(3)[:3]]
+
+
+def ahead_engine(eos: tuple = ()) -> Engine:
+    """engine(eos)'s models and tokenizer, one request at a time with launch_ahead, checking its caches each step."""
+    base = engine(eos)
+    return Engine(base.target, base.draft, max_context=CONTEXT, check_invariants=True, launch_ahead=True)
+
+
+def test_one_request_launched_ahead_gets_plain_decodings_tokens():
+    """Engine alone: an EOS, a budget of one token, and a prompt that fills the context (the answer ends at its
+    end); then a drafting request on the same engine, which steps as usual."""
+    eng = ahead_engine(eos())
+    assert eng.generate(PROMPTS[1], drafter="none", max_new_tokens=NEW_TOKENS).token_ids == solo(1)  # its EOS
+    assert eng.generate(PROMPTS[3], drafter="none", max_new_tokens=1).token_ids == solo(3, max_new_tokens=1)
+    assert eng.generate(PROMPTS[1], drafter="draft", k=2, max_new_tokens=2).token_ids == solo(1, max_new_tokens=2)
+    short = [Engine(engine().target, max_context=16, check_invariants=True, launch_ahead=on) for on in (False, True)]
+    plain, ahead = [e.generate((PROMPTS[3] * 3)[:13], drafter="none", max_new_tokens=NEW_TOKENS) for e in short]
+    assert ahead.token_ids == plain.token_ids and ahead.stats.finish_reason == plain.stats.finish_reason == "length"
+    assert len(plain.token_ids) < NEW_TOKENS  # the context ended it
+
+
+def test_the_check_catches_one_request_launched_ahead_with_a_wrong_token(monkeypatch):
+    eng = ahead_engine(eos())
+    steps = eng.target.model.steps_from_device
+    monkeypatch.setattr(eng.target.model, "steps_from_device", lambda caches, tokens: steps(caches, tokens + 1))
+    assert eng.generate(PROMPTS[3], drafter="none", max_new_tokens=3).token_ids != solo(3)[:3]
