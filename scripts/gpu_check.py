@@ -768,21 +768,24 @@ def check_verdicts(report, target, draft, tiny):
               " vs solo plain |", "|---|---|---|---|---|---|---|", *rows, "",
               "(the suffix drafter also copies from earlier requests, the first run's among them: the second run may"
               " draft and accept more with the same output)"]
-    # plain greedy requests with each pass launched before the last is read (BatchEngine.launch_ahead)
-    plain = [engine.generate(p, max_new_tokens=new, drafter="none").token_ids for p in prompts]
+    # plain requests, the odd ones seeded, with each pass launched before the last is read (launch_ahead)
+    picks = [SamplingParams(temperature=0.8, top_p=0.95, seed=i) if i % 2 else SamplingParams() for i in range(requests)]
+    plain = [engine.generate(p, max_new_tokens=new, drafter="none", sampling=s).token_ids for p, s in zip(prompts, picks)]
     batch = BatchEngine(engine, max_batch=requests, prefill_rows=256, launch_ahead=True)
-    outputs = [r.token_ids for r in batch.generate_many(prompts, drafter="none", max_new_tokens=new)]
-    wrong = [i for i, (a, b) in enumerate(zip(outputs, plain)) if a != b]
+    tickets = [batch.submit(p, drafter="none", max_new_tokens=new, sampling=s) for p, s in zip(prompts, picks)]
+    batch.run()
+    wrong = [i for i, (t, b) in enumerate(zip(tickets, plain)) if t.result().token_ids != b]
     bad += [f"launch_ahead: requests {wrong}"] if wrong else []
-    lines.append(f"- {requests} plain greedy requests with launch_ahead ({batch.passes_ahead} of {batch.passes} passes"
-                 f" launched before the pass before was read) vs each alone: "
+    lines.append(f"- {requests} plain requests (the odd ones seeded) with launch_ahead ({batch.passes_ahead} of"
+                 f" {batch.passes} passes launched before the pass before was read) vs each alone: "
                  f"{'all identical' if not wrong else f'DIFFER: {wrong}'}")
     alone = Engine(as_loaded(target, tok, "target"), max_context=1024, launch_ahead=True, check_invariants=True)
-    outputs = [alone.generate(p, max_new_tokens=new, drafter="none").token_ids for p in prompts[:4]]
+    outputs = [alone.generate(p, max_new_tokens=new, drafter="none", sampling=s).token_ids
+               for p, s in zip(prompts[:4], picks)]
     wrong = [i for i, (a, b) in enumerate(zip(outputs, plain)) if a != b]
     bad += [f"Engine launch_ahead: requests {wrong}"] if wrong else []
-    lines.append(f"- one request at a time, Engine(launch_ahead=True), {len(outputs)} prompts vs plain decoding: "
-                 f"{'all identical' if not wrong else f'DIFFER: {wrong}'}")
+    lines.append(f"- one request at a time, Engine(launch_ahead=True), {len(outputs)} prompts (two seeded) vs plain"
+                 f" decoding: {'all identical' if not wrong else f'DIFFER: {wrong}'}")
     report.section("greedy verdicts on the device: the host's verdicts", lines, dict(ok=not bad, bad=bad))
 
 

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from . import accept, pass_timings
-from .batch_ahead import LaterRead, PassInFlight, decodes_plainly, next_row_pays, to_device
+from .batch_ahead import LaterRead, PassInFlight, decodes_plainly, next_row_pays, next_tokens, to_device
 from .batch_draft import draft_together
 from .batch_plan import trim_drafts
 from .drafters.base import Draft, Drafter
@@ -113,8 +113,8 @@ class BatchEngine:
     27 us a request and pass, docs/experiments/batch_host_time.py --verdicts both), and pays only once the next
     pass is built on the device too (built for plain decoding only: launch_ahead); scripts/gpu_check.py (part
     verdicts) measures it on a GPU. The verdicts are the same either way.
-    launch_ahead: where every running request decodes plainly and greedily on the GPU path, launch the next pass
-    from the device's argmaxes before reading this one, and settle this one while the next runs (batch_ahead.py).
+    launch_ahead: where every running request decodes plainly (greedy or sampled) on the GPU path, launch the next
+    pass from the tokens the device chose (argmaxes, seeded draws) before reading this one, and settle this one while the next runs (batch_ahead.py).
     The tokens are the same; off by default until a device run has timed it (scripts/gpu_check.py, part verdicts).
     """
 
@@ -264,7 +264,10 @@ class BatchEngine:
         """Settle the pass in flight (its rows' argmaxes in one read), with the next pass launched before the read
         where the requests still go ahead: the host reads, judges and publishes while the device runs it."""
         passed, self.in_flight = self.in_flight, None
-        choice = passed.logits.argmax(dim=-1)
+        owners = [None] * passed.logits.shape[0]
+        for ticket, (row, _) in passed.rows.items():
+            owners[row] = ticket.generation
+        choice = next_tokens(owners, passed.logits)
         read = LaterRead(choice)
         after = self._launch_after(passed, choice)
         self._publish()  # the events that waited, while the device runs
@@ -298,6 +301,7 @@ class BatchEngine:
         picked = [passed.rows[ticket][0] for ticket in tickets]
         if picked != list(range(len(choice))):
             choice = choice.index_select(0, to_device(picked, choice.device))
+        choice = choice.clamp(min=0)  # a row without mass (-1) fails its request when settled: its next row is dropped
         starts = [ticket.slot.cache.length for ticket in tickets]
         logits = self.engine.target.model.steps_from_device([t.slot.cache for t in tickets], choice)
         if logits is None:

@@ -1,8 +1,9 @@
 """A batch's next pass launched before its last pass is read (BatchEngine's `launch_ahead`; Engine's for one request).
 
-Where every running request decodes plainly and greedily (no drafter, nothing shaping its rows), the token each one
-feeds its next pass is its row's argmax, which the device holds already. So the batch launches the next pass with
-those argmaxes as its tokens (`Transformer.steps_from_device`: the metadata built on the host, where positions are
+Where every running request decodes plainly (no drafter, nothing shaping its rows), the token each one feeds its
+next pass is its row's argmax, or for a sampled request its row's seeded draw (sampling.choose_rows: the race of
+its noise at its position, in the device's kernel on the GPU path), which the device computes without the host.
+So the batch launches the next pass with those tokens (`Transformer.steps_from_device`: the metadata built on the host, where positions are
 known, and copied from pinned memory), then reads the last pass's argmaxes (one pinned asynchronous copy, queued
 before the next pass: waiting for it waits for the last pass only) and settles it while the device runs the next.
 On a GPU the host's per-request work (verdicts, stop checks, detokenizing, events) then hides behind the device's.
@@ -19,6 +20,9 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+
+from . import accept
+from .sampling import choose_rows, probabilities
 
 
 class LaterRead:
@@ -64,16 +68,29 @@ class PassInFlight:
         return cls(logits, {t: (i, start) for i, (t, start) in enumerate(zip(tickets, starts))})
 
 
-def plain_greedy(generation) -> bool:
-    """Whether each step of the generation is one row whose token is the last row's argmax: greedy, no drafter,
-    nothing shaping or recording its rows."""
-    return (generation is not None and generation.drafter is None and generation.sampling.greedy
-            and generation.controls is None)
+def plain_rows(generation) -> bool:
+    """Whether each step of the generation is one row whose token comes from the last row alone (next_tokens): no
+    drafter, nothing shaping or recording its rows."""
+    return generation is not None and generation.drafter is None and generation.controls is None
+
+
+def next_tokens(generations: list, logits: torch.Tensor) -> torch.Tensor:
+    """Each row's token on the device (generations[i] owns row i; None: a row nobody reads): its argmax, or for a
+    sampled generation its seeded draw at its next position, as its verify races it (-1: a row without mass, which
+    that verify refuses)."""
+    choice = logits.argmax(dim=-1)
+    sampled = [i for i, g in enumerate(generations) if g is not None and not g.sampling.greedy]
+    if not sampled:
+        return choice
+    probs = torch.cat([probabilities(logits[i : i + 1], generations[i].sampling) for i in sampled])
+    drawn = choose_rows(probs, [len(generations[i].sequence) for i in sampled], [generations[i].noise for i in sampled],
+                        device_kernel=accept.kernel_runs(logits.device))
+    return choice.index_copy(0, to_device(sampled, logits.device), drawn)
 
 
 def decodes_plainly(ticket) -> bool:
-    """plain_greedy, its prompt read, not cancelled or finished."""
-    return (plain_greedy(ticket.generation) and not ticket.cancelled and not ticket.pending and ticket.donor is None
+    """plain_rows, its prompt read, not cancelled or finished."""
+    return (plain_rows(ticket.generation) and not ticket.cancelled and not ticket.pending and ticket.donor is None
             and not ticket.finished)
 
 

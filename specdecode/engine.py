@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 
 from . import kernels, pass_timings
-from .batch_ahead import LaterRead, has_room, next_row_pays, plain_greedy, to_device
+from .batch_ahead import LaterRead, has_room, next_row_pays, next_tokens, plain_rows, to_device
 from .controls import LogitControls, RowControls
 from .drafters.base import Drafter
 from .drafters.registry import build_drafter
@@ -89,8 +89,8 @@ class Engine:
         tuning_params: TuningParams = DEFAULT_TUNING,
         launch_ahead: bool = False,
     ):
-        """launch_ahead: plain greedy decoding on the GPU path launches each step's pass from the device's argmax
-        before the step before it is read (`_decode_ahead`); the same tokens. Off by default until a device run has
+        """launch_ahead: plain decoding (greedy or sampled) on the GPU path launches each step's pass from the token
+        the device chose (argmax, seeded draw) before the step before it is read (`_decode_ahead`); the same tokens. Off by default until a device run has
         timed it (scripts/gpu_check.py)."""
         # Where rows of a block are not computed as the row alone, a verify block can round differently from
         # the decode step it stands for, and at a near-tie speculation then picks another token than plain
@@ -299,7 +299,7 @@ class Engine:
             generation.read(chunk)
         self.prefilled(generation)
         live = self._live_generation = object()
-        if self.launch_ahead and plain_greedy(generation):
+        if self.launch_ahead and plain_rows(generation):
             yield from self._decode_ahead(generation, live)
         else:
             yield from self._steps(generation, drafter, live)
@@ -315,8 +315,8 @@ class Engine:
                 return
 
     def _decode_ahead(self, generation: Generation, live: object) -> Iterator[StreamEvent]:
-        """Plain greedy decoding on the GPU path, each step's pass launched from the device's argmax before the step
-        before it is read (batch_ahead.py): the host settles and hands out a step while the device runs the next.
+        """Plain decoding on the GPU path, each step's pass launched from the device's token (its argmax, or its seeded
+        draw: batch_ahead.next_tokens) before the step before it is read (batch_ahead.py): the host settles and hands out a step while the device runs the next.
         The same tokens: the row of a step after the answer ended is rolled back, as a rejected draft's. Where a
         pass cannot run so (off the GPU path), or no row is worth launching, the usual steps go on."""
         model, cache = self.target.model, self.cache
@@ -326,10 +326,10 @@ class Engine:
         read_at = time.perf_counter()
         while logits is not None:
             start = cache.length - 1
-            choice = logits.argmax(dim=-1)
+            choice = next_tokens([generation], logits)
             read = LaterRead(choice)
             self._check_live(live)
-            after = model.steps_from_device([cache], choice) if next_row_pays(generation, cache) else None
+            after = model.steps_from_device([cache], choice.clamp(min=0)) if next_row_pays(generation, cache) else None
             token = read.tolist()[0]
             now = time.perf_counter()
             seconds, read_at = now - read_at, now

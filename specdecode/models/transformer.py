@@ -398,8 +398,8 @@ class Transformer(nn.Module):
         return chain_rounds(self, rounds)
 
     def steps_from_device(self, caches: list, tokens: torch.Tensor) -> torch.Tensor | None:
-        """One decode step for each cache in one pass, the steps' tokens a device tensor (a batch's argmaxes of its
-        last pass, never read to the host: batch_ahead.py): logits [len(caches), vocab], each cache advanced by one.
+        """One decode step for each cache in one pass, the steps' tokens a device tensor (chosen on the device from
+        the last pass, never read to the host: batch_ahead.py): logits [len(caches), vocab], each cache advanced by one.
         None, with nothing run, off the GPU path or where the rows do not fit one pass (caches of several pools, a
         long context's row cap)."""
         exact = self.exact_pass
