@@ -24,6 +24,7 @@ class EngineOptions:
     threads: int | None = None
     suffix_store_tokens: int = 262_144  # earlier requests' tokens the suffix drafter may copy from
     allow_inexact: bool = False  # run where blocks are not row-exact (no CPU kernel): output may differ from plain
+    launch_ahead: bool = False  # plain decoding on the GPU path: each pass launched before the last is read
 
     @classmethod
     def from_args(cls, args) -> "EngineOptions":
@@ -106,10 +107,11 @@ def build_engine(options, need_draft: bool = True, with_draft_model: bool = Fals
         # A draft model loaded only for other drafters leaves auto as the default runs it: a benchmark's
         # auto column is then what a user of the default gets.
         return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens,
-                      auto_draft_model=auto_spec is not None, allow_inexact=options.allow_inexact), drafter
+                      auto_draft_model=auto_spec is not None, allow_inexact=options.allow_inexact,
+                      launch_ahead=options.launch_ahead), drafter
     draft = _load_draft(drafter, options, target)  # a draft model by name or path
     return Engine(target, draft, max_context=options.ctx, suffix_store_tokens=options.suffix_store_tokens,
-                  allow_inexact=options.allow_inexact), "draft"
+                  allow_inexact=options.allow_inexact, launch_ahead=options.launch_ahead), "draft"
 
 
 def prepare_model_files(options) -> list[str]:

@@ -46,6 +46,10 @@ def _add_model_args(p: argparse.ArgumentParser, with_draft: bool = True) -> None
     p.add_argument("--allow-inexact", action="store_true",
                    help="run even where the CPU kernel is unavailable: blocks then round differently from single"
                         " steps, and speculative output may differ from plain decoding at near-ties")
+    p.add_argument("--launch-ahead", action="store_true",
+                   help="GPU path, plain decoding (drafter none): launch each pass from the tokens the device chose"
+                        " before reading the pass before (the same tokens; hides the host's work behind the device's;"
+                        " not yet timed on a GPU)")
 
 
 def _add_decoding_args(p: argparse.ArgumentParser) -> None:

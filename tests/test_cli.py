@@ -61,6 +61,18 @@ def test_generate_with_lookup_gives_the_same_text_and_stats_on_stderr(cli, expec
     assert "tokens in" in result.stderr and "time:" in result.stderr
 
 
+def test_launch_ahead_off_the_gpu_path_decodes_as_usual(cli, expected_hi, monkeypatch):
+    """--launch-ahead reaches the engine; a CPU's passes cannot be launched ahead (steps_from_device: None), so
+    the usual steps run."""
+    from specdecode.engine import Engine
+
+    seen, init = [], Engine.__init__
+    monkeypatch.setattr(Engine, "__init__", lambda self, *a, **kw: seen.append(kw.get("launch_ahead")) or init(self, *a, **kw))
+    result = cli("generate", "--model", SMOLLM2, "--draft", "none", "--launch-ahead", "--max-new-tokens", "8", "Hi")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected_hi + "\n" and seen == [True]
+
+
 def test_show_drafts_colours_the_same_text_by_origin_and_source(cli):
     prompt = "Repeat exactly: alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta"
     # A pinned K: whether the adaptive K drafts here depends on timings of a busy machine, and this test is about colours.

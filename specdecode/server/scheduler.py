@@ -195,7 +195,7 @@ class Scheduler:
     def __init__(self, engine, default_drafter: str, queue_size: int, metrics: ServerMetrics,
                  default_max_tokens: int = 256, max_k: int | None = None, max_batch: int = 8):
         self.engine = engine
-        self.batch = BatchEngine(engine, max_batch=max_batch)
+        self.batch = BatchEngine(engine, max_batch=max_batch, launch_ahead=engine.launch_ahead)
         # Grammars being compiled, by the spec object: a request's n choices share its spec and wait for one compile
         # instead of each compiling (seconds of CPU for a large schema, n times over). Only while compiling: nothing
         # here outlives it, and another request's equal spec is another object, compiled apart.
