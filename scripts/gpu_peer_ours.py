@@ -46,8 +46,15 @@ def bench_counts(model) -> dict:
         for _ in range(128):
             token = model(token, cache).argmax(-1)
 
+    def decode_ahead():  # each step launched from the last one's argmax on the device, no read between (launch_ahead)
+        cache = model.new_cache(1024)
+        token = torch.zeros(1, dtype=torch.long, device=model.device)
+        for _ in range(128):
+            token = model.steps_from_device([cache], token).argmax(-1)
+
     tg = median_seconds(decode)
-    return {"pp512_tok_s": 512 / pp, "tg128_tok_s": 128 / tg}
+    ahead = median_seconds(decode_ahead) if model.exact_pass is not None else float("nan")
+    return {"pp512_tok_s": 512 / pp, "tg128_tok_s": 128 / tg, "tg128_ahead_tok_s": 128 / ahead}
 
 
 def engine_runs(model_path: str, draft_path: str | None, device: str, prompt: str) -> dict:
@@ -65,6 +72,10 @@ def engine_runs(model_path: str, draft_path: str | None, device: str, prompt: st
         out[drafter] = {"tok_s": s.tokens_per_s, "tokens": s.generated_tokens, "tau": s.tau, "alpha": s.alpha}
         tokens[drafter] = result.token_ids
     out["identical"] = tokens["none"] == tokens[default]
+    engine.launch_ahead = True  # plain decoding with each step launched before the last is read
+    engine.generate(prompt, drafter="none", max_new_tokens=16)
+    result = engine.generate(prompt, drafter="none", max_new_tokens=128)
+    out["ahead"] = {"tok_s": result.stats.tokens_per_s, "identical": result.token_ids == tokens["none"]}
     return out
 
 
@@ -72,17 +83,21 @@ def report(folder: Path, shapes: list[str]) -> None:
     """report.md from the run's files: each shape's pp512 and tg128, llama.cpp's and ours, and the speculative
     runs, ratios within this run."""
     lines = ["| shape | llama.cpp tg128 | specdecode tg128 | ratio (goal >= 1.2) | llama.cpp pp512 | specdecode pp512 |"
-             " ratio (goal >= 1.0) | specdecode engine: plain / default drafter (identical) |",
-             "|---|---|---|---|---|---|---|---|"]
+             " ratio (goal >= 1.0) | specdecode engine: plain / default drafter (identical) |"
+             " launch_ahead: tg128 (ratio) / engine plain (identical) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for shape in shapes:
         peer = llama_bench(folder / f"llama-bench-{shape}.json")
         ours = json.loads((folder / f"ours-{shape}.json").read_text()) if (folder / f"ours-{shape}.json").exists() else {}
         engine = ours.get("engine", {})
-        drafted = next((k for k in engine if k not in ("none", "identical")), None)
+        drafted = next((k for k in engine if k not in ("none", "identical", "ahead")), None)
+        ahead, tg_ahead = engine.get("ahead"), ours.get("tg128_ahead_tok_s")
         cells = [shape, peer.get("tg"), ours.get("tg128_tok_s"), ratio(ours.get("tg128_tok_s"), peer.get("tg")),
                  peer.get("pp"), ours.get("pp512_tok_s"), ratio(ours.get("pp512_tok_s"), peer.get("pp")),
                  f"{engine['none']['tok_s']:.1f} / {engine[drafted]['tok_s']:.1f} ({engine['identical']})"
-                 if drafted else "-"]
+                 if drafted else "-",
+                 (f"{tg_ahead:.1f} ({ratio(tg_ahead, peer.get('tg')) or 0:.2f}) / " if tg_ahead else "- / ")
+                 + (f"{ahead['tok_s']:.1f} ({ahead['identical']})" if ahead else "-")]
         lines.append("| " + " | ".join(c if isinstance(c, str) else "-" if c is None else
                                         f"{c:.2f}" if index in (3, 6) else f"{c:.1f}" for index, c in enumerate(cells))
                      + " |")
@@ -96,7 +111,9 @@ def report(folder: Path, shapes: list[str]) -> None:
                      if found["decoded"] and found["accept"] else "no figures in its log")]
     lines += ["", "Random weights in Qwen2.5 shapes (scripts/gguf_random.py): both engines read the same files. tg128"
               " and pp512 as llama-bench counts them (specdecode's: scripts/gpu_peer_ours.py, its model alone); the"
-              " engine column is specdecode's own generation, greedy, 128 tokens."]
+              " engine column is specdecode's own generation, greedy, 128 tokens; launch_ahead: each step launched"
+              " from the last step's argmax on the device before that step is read (Transformer.steps_from_device;"
+              " the engine's Engine(launch_ahead=True))."]
     (folder / "report.md").write_text("# llama.cpp CUDA beside specdecode (scripts/gpu_peer.sh)\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
