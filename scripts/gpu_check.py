@@ -1047,8 +1047,9 @@ def copy_bandwidth(report, device) -> float:
     return bandwidth
 
 
-def plain_speed(model, tokens: int, prompt_len: int = 64) -> float:
-    """Decode tokens/s of plain decoding (graph replays, argmax each step), after a prompt."""
+def plain_speed(model, tokens: int, prompt_len: int = 64, ahead: bool = False) -> float:
+    """Decode tokens/s of plain decoding (graph replays, argmax each step), after a prompt. ahead: each step
+    launched from the last one's argmax on the device, never read (steps_from_device): the device's pace alone."""
     prompt_len = 8 if QUICK else prompt_len
     cache = model.new_cache(1024)
     prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), device=model.device)
@@ -1060,7 +1061,10 @@ def plain_speed(model, tokens: int, prompt_len: int = 64) -> float:
     sync()
     t0 = time.perf_counter()
     for _ in range(tokens):
-        token = torch.tensor([int(model(token, cache).argmax(-1))], device=model.device)
+        if ahead:
+            token = model.steps_from_device([cache], token).argmax(-1)
+        else:
+            token = torch.tensor([int(model(token, cache).argmax(-1))], device=model.device)
     sync()
     del next_token
     return tokens / (time.perf_counter() - t0)
@@ -1625,18 +1629,22 @@ def speed(report, models, hfs, bandwidth, tiny):
         ours = plain_speed(model, tokens)
         engine_speed = engine_plain_speed(model, tokens)
         ahead = engine_plain_speed(model, tokens, launch_ahead=True)
+        unread = plain_speed(model, tokens, ahead=True)
         try:
             theirs = hf_speed(hfs[name], tokens, cache_implementation="static", disable_compile=True)
         except Exception as exc:  # noqa: BLE001  a peer's failure is reported, not fatal
             theirs = float("nan")
             print(f"transformers static cache failed on {name}: {exc}", flush=True)
-        data[name] = dict(bound=bound, ours=ours, engine=engine_speed, engine_ahead=ahead, hf_static=theirs)
+        data[name] = dict(bound=bound, ours=ours, engine=engine_speed, engine_ahead=ahead, unread=unread,
+                          hf_static=theirs)
         lines.append(f"| {name} | {weight_bytes(model) / 1e9:.2f} GB | {bound:.0f} tok/s | {ours:.1f} tok/s"
-                     f" (engine {engine_speed:.1f}, launch_ahead {ahead:.1f}: {100 * ahead / bound:.0f}%) |"
+                     f" (engine {engine_speed:.1f}, launch_ahead {ahead:.1f}: {100 * ahead / bound:.0f}%;"
+                     f" steps never read {unread:.1f}: {100 * unread / bound:.0f}%) |"
                      f" {100 * ours / bound:.0f}% | {theirs:.1f} tok/s | {ours / theirs:.2f}x |")
     lines.append("\n(specdecode: a loop of single steps and argmax; engine: Engine.generate with drafter none, its"
                  " stop checks, statistics and detokenizing included; launch_ahead: the engine launching each step"
-                 " from the device's argmax before reading the step before)")
+                 " from the device's argmax before reading the step before; never read: the loop launching each step"
+                 " from the last one's argmax with no read at all, the device's own pace)")
     report.section("plain decoding", lines, data)
 
     target, draft = models["1.5b"], models["0.5b"]
