@@ -56,8 +56,8 @@ def to_device(values: list[int], device) -> torch.Tensor:
 
 @dataclass(eq=False)
 class PassInFlight:
-    """A launched pass of plain greedy rows, one a request, not yet read: per ticket its row and where that row
-    was written in its cache."""
+    """A launched pass of plain rows (greedy or seeded), one a request, not yet read: per ticket its row and where
+    that row was written in its cache."""
 
     logits: torch.Tensor  # [rows, vocab] on the device
     rows: dict = field(default_factory=dict)  # ticket -> (row, start)
