@@ -24,7 +24,7 @@ LONGEST_FIRST = (
     "lossless/test_sampling_distribution.py", "lossless/test_batch_draft.py", "models/test_hf_match.py",
     "models/test_float_gguf.py", "server/test_tool_calls.py", "server/test_shutdown.py", "models/test_loader.py",
     "test_bench.py", "server/test_structured.py", "models/test_phi3.py", "models/test_rope.py",
-    "lossless/test_batch_invariance.py",
+    "lossless/test_batch_invariance.py", "gpu/test_batch_ahead.py",
 )
 
 
