@@ -20,6 +20,7 @@ import os
 
 import torch
 
+from .sampling import choose_rows, int64_to_device, probabilities
 from .verify import Verdict
 
 # the kernel's block of rows a request: at least this many (fewer sizes to compile), else the next power of two
@@ -78,12 +79,12 @@ def greedy_verdicts(logits: torch.Tensor, firsts: list[int], drafts: list[list[i
     seeded draws (batch.py), judged by the same comparison."""
     choice = logits.argmax(dim=-1)  # [rows]: one launch for every request
     if draws is not None:
-        choice = choice.index_copy(0, _to_device(draws[0], logits.device), draws[1])
+        choice = choice.index_copy(0, int64_to_device(draws[0], logits.device), draws[1])
     requests = len(drafts)
     read = []
     if requests:
         method = method or ("triton" if kernel_runs(logits.device) else "torch")
-        meta = _to_device(pack(firsts, drafts, token_rows=method == "torch"), logits.device)
+        meta = int64_to_device(pack(firsts, drafts, token_rows=method == "torch"), logits.device)
         if method == "triton":
             from .gpu.accept_kernel import verdicts_triton
 
@@ -109,14 +110,6 @@ def kernel_runs(device: torch.device) -> bool:
     return True
 
 
-def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """One host->device copy; on CUDA from pinned memory and asynchronous (no wait for the pass still running)."""
-    host = torch.tensor(values, dtype=torch.int64)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
-
-
 def verdicts_torch(choice: torch.Tensor, meta: torch.Tensor, requests: int) -> torch.Tensor:
     """choice [rows] (each row's argmax), meta as `pack` lays it out. [2, requests] int64: accepted counts, then next
     tokens. A fixed number of operations whatever the requests (none reads back to the host)."""
@@ -127,3 +120,23 @@ def verdicts_torch(choice: torch.Tensor, meta: torch.Tensor, requests: int) -> t
     stop = torch.full((requests,), never, dtype=torch.int64, device=meta.device)
     stop.scatter_reduce_(0, owners, differs, "amin")
     return torch.stack([stop - firsts, choice[stop]])  # the first differing row: accepted tokens, next token
+
+
+def seeded_draws(generations: list, logits: list, sampled: list[int], first_of: dict
+                 ) -> tuple[list[int], torch.Tensor] | None:
+    """The sampled generations' rows (logits[i]: generation i's block, its first row first_of[i] in the pass's
+    tensor) and their draws on the device: each row processed alone by its request's settings, all raced in one
+    launch at the rows' sequence positions (as each one's verify races them)."""
+    if not sampled:
+        return None
+    probs, rows, positions, noises = [], [], [], []
+    for i in sampled:
+        generation, block = generations[i], logits[i]
+        start = len(generation.sequence)  # row j scores the token at sequence position start + j
+        for j in range(block.shape[0]):
+            probs.append(probabilities(block[j : j + 1], generation.sampling))
+            rows.append(first_of[i] + j)
+            positions.append(start + j)
+            noises.append(generation.noise)
+    device_kernel = kernel_runs(probs[0].device)  # (else the host's race, row by row: the same tokens)
+    return rows, choose_rows(torch.cat(probs), positions, noises, device_kernel=device_kernel)

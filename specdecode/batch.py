@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from . import accept, pass_timings
-from .batch_ahead import LaterRead, PassInFlight, decodes_plainly, next_row_pays, next_tokens, to_device
+from .batch_ahead import LaterRead, PassInFlight, decodes_plainly, next_row_pays, next_tokens
 from .batch_draft import draft_together
 from .batch_plan import trim_drafts
 from .drafters.base import Draft, Drafter
@@ -32,7 +32,7 @@ from .engine import Engine, GenerationResult, Request, collect_result
 from .errors import InputError
 from .generation import Generation, StreamEvent
 from .models.transformer import Segment
-from .sampling import SamplingParams, choose_rows, probabilities
+from .sampling import SamplingParams, int64_to_device
 from .stats import GenerationStats
 
 
@@ -267,9 +267,9 @@ class BatchEngine:
         owners = [None] * passed.logits.shape[0]
         for ticket, (row, _) in passed.rows.items():
             owners[row] = ticket.generation
-        choice = next_tokens(owners, passed.logits)
+        choice, feed = next_tokens(owners, passed.logits)
         read = LaterRead(choice)
-        after = self._launch_after(passed, choice)
+        after = self._launch_after(passed, feed)
         self._publish()  # the events that waited, while the device runs
         tokens = read.tolist()
         now = time.perf_counter()
@@ -291,8 +291,8 @@ class BatchEngine:
         return rows
 
     def _launch_after(self, passed: PassInFlight, choice: torch.Tensor) -> PassInFlight | None:
-        """The next pass, its tokens the argmaxes of the pass in flight (`choice`, on the device), for the requests
-        whose next row can be kept; None where it is not launched."""
+        """The next pass, its tokens those the device chose from the pass in flight (`choice`: next_tokens' to feed),
+        for the requests whose next row can be kept; None where it is not launched."""
         if not self._goes_ahead(passed.rows):
             return None
         tickets = [ticket for ticket in passed.rows if next_row_pays(ticket.generation, ticket.slot.cache)]
@@ -300,8 +300,7 @@ class BatchEngine:
             return None
         picked = [passed.rows[ticket][0] for ticket in tickets]
         if picked != list(range(len(choice))):
-            choice = choice.index_select(0, to_device(picked, choice.device))
-        choice = choice.clamp(min=0)  # a row without mass (-1) fails its request when settled: its next row is dropped
+            choice = choice.index_select(0, int64_to_device(picked, choice.device))
         starts = [ticket.slot.cache.length for ticket in tickets]
         logits = self.engine.target.model.steps_from_device([t.slot.cache for t in tickets], choice)
         if logits is None:
@@ -523,7 +522,7 @@ def greedy_together(generations: list, logits: list, on_device: bool, join_draws
     sampled = [i for i in wanted if not generations[i].sampling.greedy]
     judged, picked = accept.greedy_verdicts(rows, [first_of[i] for i in chains],
                                             [generations[i].draft.tokens for i in chains], argmaxes=bool(walked),
-                                            draws=_draws(generations, logits, sampled, first_of))
+                                            draws=accept.seeded_draws(generations, logits, sampled, first_of))
     for i, verdict in zip(chains, judged):
         # a draw of -1: a row without mass, which the request's own verify reports (its failure alone)
         verdicts[i] = verdict if verdict.next_token >= 0 else None
@@ -544,22 +543,3 @@ def judges_by_draws(generation) -> bool:
     controls = generation.controls
     return (not generation.sampling.greedy and not generation.draft.is_tree
             and not (controls is not None and controls.spec.shapes_rows))
-
-
-def _draws(generations: list, logits: list, sampled: list[int], first_of: dict
-           ) -> tuple[list[int], torch.Tensor] | None:
-    """The sampled chains' rows (in the pass's tensor) and their draws on the device: each row processed alone by
-    its request's settings, all raced in one launch at the rows' sequence positions."""
-    if not sampled:
-        return None
-    probs, rows, positions, noises = [], [], [], []
-    for i in sampled:
-        generation, block = generations[i], logits[i]
-        start = len(generation.sequence)  # row j scores the token at sequence position start + j
-        for j in range(block.shape[0]):
-            probs.append(probabilities(block[j : j + 1], generation.sampling))
-            rows.append(first_of[i] + j)
-            positions.append(start + j)
-            noises.append(generation.noise)
-    device_kernel = accept.kernel_runs(probs[0].device)  # (else the host's race, row by row: the same tokens)
-    return rows, choose_rows(torch.cat(probs), positions, noises, device_kernel=device_kernel)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import accept
-from .sampling import choose_rows, probabilities
+from .sampling import int64_to_device
 
 
 class LaterRead:
@@ -46,14 +46,6 @@ class LaterRead:
         return self.host.tolist()
 
 
-def to_device(values: list[int], device) -> torch.Tensor:
-    """Small host integers on the device without waiting for its queue (pinned, asynchronous on CUDA)."""
-    host = torch.tensor(values, dtype=torch.long)
-    if torch.device(device).type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
-
-
 @dataclass(eq=False)
 class PassInFlight:
     """A launched pass of plain rows (greedy or seeded), one a request, not yet read: per ticket its row and where
@@ -74,18 +66,19 @@ def plain_rows(generation) -> bool:
     return generation is not None and generation.drafter is None and generation.controls is None
 
 
-def next_tokens(generations: list, logits: torch.Tensor) -> torch.Tensor:
+def next_tokens(generations: list, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's token on the device (generations[i] owns row i; None: a row nobody reads): its argmax, or for a
-    sampled generation its seeded draw at its next position, as its verify races it (-1: a row without mass, which
-    that verify refuses)."""
+    sampled generation its seeded draw at its next position, as its verify races it. (tokens to read, tokens to feed
+    the next pass): a row without mass reads -1, which its verify refuses (its next row is then dropped), and feeds
+    token 0; greedy rows alone are one tensor for both."""
     choice = logits.argmax(dim=-1)
     sampled = [i for i, g in enumerate(generations) if g is not None and not g.sampling.greedy]
     if not sampled:
-        return choice
-    probs = torch.cat([probabilities(logits[i : i + 1], generations[i].sampling) for i in sampled])
-    drawn = choose_rows(probs, [len(generations[i].sequence) for i in sampled], [generations[i].noise for i in sampled],
-                        device_kernel=accept.kernel_runs(logits.device))
-    return choice.index_copy(0, to_device(sampled, logits.device), drawn)
+        return choice, choice
+    rows, drawn = accept.seeded_draws(generations, [logits[i : i + 1] for i in range(len(generations))], sampled,
+                                      {i: i for i in sampled})
+    choice = choice.index_copy(0, int64_to_device(rows, logits.device), drawn)
+    return choice, choice.clamp(min=0)
 
 
 def decodes_plainly(ticket) -> bool:

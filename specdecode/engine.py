@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 
 from . import kernels, pass_timings
-from .batch_ahead import LaterRead, has_room, next_row_pays, next_tokens, plain_rows, to_device
+from .batch_ahead import LaterRead, has_room, next_row_pays, next_tokens, plain_rows
 from .controls import LogitControls, RowControls
 from .drafters.base import Drafter
 from .drafters.registry import build_drafter
@@ -25,7 +25,7 @@ from .errors import InputError, ModelError
 from .grammar import CheckedGrammar, check_grammar
 from .models.loader import LoadedModel
 from .models.transformer import Transformer
-from .sampling import SamplingParams
+from .sampling import SamplingParams, int64_to_device
 from .stats import GenerationStats
 from .generation import Generation, StreamEvent
 from .text import Stopper
@@ -322,14 +322,14 @@ class Engine:
         model, cache = self.target.model, self.cache
         logits = None
         if has_room(cache):
-            logits = model.steps_from_device([cache], to_device([generation.sequence[-1]], model.device))
+            logits = model.steps_from_device([cache], int64_to_device([generation.sequence[-1]], model.device))
         read_at = time.perf_counter()
         while logits is not None:
             start = cache.length - 1
-            choice = next_tokens([generation], logits)
+            choice, feed = next_tokens([generation], logits)
             read = LaterRead(choice)
             self._check_live(live)
-            after = model.steps_from_device([cache], choice.clamp(min=0)) if next_row_pays(generation, cache) else None
+            after = model.steps_from_device([cache], feed) if next_row_pays(generation, cache) else None
             token = read.tolist()[0]
             now = time.perf_counter()
             seconds, read_at = now - read_at, now

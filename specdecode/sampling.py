@@ -235,9 +235,9 @@ def choose_rows(probs: torch.Tensor, positions, noises: list[PositionNoise],
     if device_kernel:
         from .gpu import noise_kernel  # Triton loads only here: CPU-only installs sample on the host
 
-        keys = _int64_rows([noise.key_bits for noise in noises], probs.device)
+        keys = int64_to_device([noise.key_bits for noise in noises], probs.device)
         if not torch.is_tensor(positions):
-            positions = _int64_rows([int(position) for position in positions], probs.device)
+            positions = int64_to_device([int(position) for position in positions], probs.device)
         return noise_kernel.choose_rows(probs, keys, positions)
     p = probs.detach().float().cpu().numpy()
     positions = positions.tolist() if torch.is_tensor(positions) else positions
@@ -245,10 +245,11 @@ def choose_rows(probs: torch.Tensor, positions, noises: list[PositionNoise],
     return torch.tensor(tokens, dtype=torch.int64, device=probs.device)
 
 
-def _int64_rows(values: list[int], device: torch.device) -> torch.Tensor:
-    """values as an int64 tensor on device; to a GPU from pinned memory, asynchronously (no wait for its queue)."""
+def int64_to_device(values: list[int], device) -> torch.Tensor:
+    """values as an int64 tensor on device; to a GPU from pinned memory, asynchronously (no wait for its queue: a
+    pass may still be running there)."""
     rows = torch.tensor(values, dtype=torch.int64)
-    if device.type == "cuda":
+    if torch.device(device).type == "cuda":
         return rows.pin_memory().to(device, non_blocking=True)
     return rows.to(device)
 

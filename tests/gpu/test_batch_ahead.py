@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from specdecode import batch_ahead
+from specdecode import accept
 from specdecode.batch import BatchEngine
 from specdecode.engine import Engine
 from specdecode.sampling import SamplingParams, choose_rows
@@ -126,6 +126,6 @@ def test_the_check_catches_one_request_launched_ahead_with_a_wrong_token(monkeyp
 
 def test_the_check_catches_draws_launched_ahead_one_position_late(monkeypatch):
     late = lambda probs, positions, noises, **kw: choose_rows(probs, [p + 1 for p in positions], noises, **kw)
-    monkeypatch.setattr(batch_ahead, "choose_rows", late)
+    monkeypatch.setattr(accept, "choose_rows", late)  # where the draws race (accept.seeded_draws)
     got = ahead_engine(eos()).generate(PROMPTS[3], drafter="none", max_new_tokens=NEW_TOKENS, sampling=SEEDED)
     assert got.token_ids != solo(3, sampled=True)

@@ -104,8 +104,8 @@ def test_the_batch_check_catches_device_verdicts_one_row_off(twin, monkeypatch):
 
 def test_the_batch_check_catches_draws_one_position_late(monkeypatch):
     """The seeded request's rows raced one sequence position late (its draws are then another seed's text)."""
-    choose_rows = batch_module.choose_rows
-    monkeypatch.setattr(batch_module, "choose_rows", lambda probs, positions, noises, device_kernel=None:
+    choose_rows = accept.choose_rows  # where a batch's seeded draws race (accept.seeded_draws)
+    monkeypatch.setattr(accept, "choose_rows", lambda probs, positions, noises, device_kernel=None:
                         choose_rows(probs, [p + 1 for p in positions], noises, device_kernel))
     assert batched(device_verdicts=True)[5] != solo()[5]
     assert batched(device_verdicts=False)[5] != solo()[5]
