@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..models.transformer import Segment
-from ..sampling import probabilities
+from ..sampling import int64_to_device, probabilities
 from . import noise_kernel
 from .exact_pass import META, TOKEN, _padding
 
@@ -95,13 +95,13 @@ def _launch_steps(model, plans: list, ordered: list) -> tuple[list[torch.Tensor]
     device = model.device
     flat = np.concatenate([plan.meta.ravel() for plan in plans])
     metas, at = [], 0
-    on_device = torch.from_numpy(flat).to(device)
+    on_device = model.exact_pass.upload(flat)  # copies from pinned memory: none waits for the device's queue
     for plan in plans:
         metas.append(on_device[at : at + plan.meta.size].view(plan.meta.shape))
         at += plan.meta.size
-    current = torch.tensor([r.token for r in ordered], device=device)
+    current = int64_to_device([r.token for r in ordered], device)
     draws = _draws(ordered, device)
-    trees = torch.tensor([r.tree for r in ordered], device=device) if any(r.tree for r in ordered) else None
+    trees = int64_to_device([r.tree for r in ordered], device).bool() if any(r.tree for r in ordered) else None
     if draws is None and trees is None and model.exact_pass.round_graphs:
         return (*RoundGraph.of(model, plans).run(on_device, current), [])
     chosen, probs, seconds = [], [], []
@@ -131,7 +131,7 @@ def _draws(ordered: list, device) -> tuple[list[int], torch.Tensor] | None:
     steps = ordered[0].steps
     keys = [[ordered[rank].noise.key_bits for rank in sampled]] * steps
     positions = [[ordered[rank].position + step for rank in sampled] for step in range(steps)]
-    return sampled, torch.tensor([keys, positions, [sampled] * steps], dtype=torch.int64).to(device)
+    return sampled, int64_to_device([keys, positions, [sampled] * steps], device)
 
 
 def _choose(logits: torch.Tensor, ordered: list, step: int, draws) -> torch.Tensor:
