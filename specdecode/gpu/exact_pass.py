@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..sampling import int64_to_device
 from .gguf_blocks import K_STEP, BlockPart, BlockWeight
 from .kv_pool import KVPool
 
@@ -255,15 +256,16 @@ class ExactPass:
             meta[TOKEN, : tokens.shape[0]].copy_(tokens)
         wanted, rows = planned.wanted, planned.rows
         if planned.bucket is None:
-            picked = None if len(wanted) == rows else torch.tensor(wanted, device=self.model.device)
+            picked = None if len(wanted) == rows else int64_to_device(wanted, self.model.device)
             return self.forward(meta, planned.pool, planned.keys, picked)
         graph, static_meta, static_logits = self._graph(*planned.bucket, planned.pool)
         static_meta.copy_(meta, non_blocking=True)
         graph.replay()
-        # A copy of the rows wanted: the bucket's next replay overwrites its logits.
+        # A copy of the rows wanted: the bucket's next replay overwrites its logits. The wanted rows' index goes up
+        # from pinned memory: a blocking copy would wait for every pass still queued (launch_ahead's, a draft round).
         if len(wanted) == rows:
             return static_logits[:rows].clone()
-        return static_logits.index_select(0, torch.tensor(wanted, device=self.model.device)) if wanted else None
+        return static_logits.index_select(0, int64_to_device(wanted, self.model.device)) if wanted else None
 
     def _bucket(self, rows: int, keys: int, pool: KVPool) -> tuple[int, int] | None:
         """The captured pass (rows, keys) that runs these rows: rows and attention segments rounded up to powers
