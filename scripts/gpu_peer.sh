@@ -39,16 +39,15 @@ src=$work/llama.cpp
 arch=$(python3 -c "import torch; print('%d%d' % torch.cuda.get_device_capability())")
 
 # 1. the build, in the background
+# What CMake would not find itself (pip's cuBLAS, the driver's versioned library): scripts/cuda_build_flags.sh
 cuda_flags=()
-if ! ls /usr/local/cuda*/include/cublas_v2.h >/dev/null 2>&1; then  # cuBLAS from pip's nvidia-cublas instead
-  cublas=$(python3 -c "import importlib.util as u; print(list(u.find_spec('nvidia.cublas').submodule_search_locations)[0])" 2>/dev/null)
-  if [ -n "$cublas" ]; then
-    cuda_flags=(-DCUDA_cublas_LIBRARY="$(ls "$cublas"/lib/libcublas.so* | head -1)"
-                -DCUDA_cublasLt_LIBRARY="$(ls "$cublas"/lib/libcublasLt.so* | head -1)"
-                -DCMAKE_CUDA_FLAGS="-I$cublas/include" -DCMAKE_CXX_FLAGS="-I$cublas/include")
-    log "cuBLAS from $cublas"
-  fi
-fi
+while IFS= read -r flag; do
+  case $flag in
+    LD_LIBRARY_PATH=*) export LD_LIBRARY_PATH="${flag#LD_LIBRARY_PATH=}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;;
+    ?*) cuda_flags+=("$flag") ;;
+  esac
+done < <(scripts/cuda_build_flags.sh 2>>"$out/steps.log")
+[ ${#cuda_flags[@]} -gt 0 ] && log "CMake told: ${cuda_flags[*]}"
 (
   cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="$arch" -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \

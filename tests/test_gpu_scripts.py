@@ -62,3 +62,50 @@ def test_a_random_gguf_file_holds_a_q4_k_m_layout_and_loads(tmp_path):
     loaded = load_model(str(path), device="cpu", dtype="int8")
     logits = loaded.model(torch.tensor([1, 2, 3]), loaded.model.new_cache(16))
     assert logits.shape == (3, 320) and torch.isfinite(logits).all()
+
+
+def _fake_cuda(tmp_path, cublas_in_toolkit: bool) -> dict:
+    """A toolkit root whose nvcc (a script) says where it is, with the driver's stub, with or without cuBLAS; the
+    environment that puts its nvcc first."""
+    import os
+
+    root = tmp_path / "cuda"
+    (root / "bin").mkdir(parents=True)
+    (root / "lib64" / "stubs").mkdir(parents=True)
+    (root / "lib64" / "stubs" / "libcuda.so").touch()
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho '#$ _HERE_={root}/bin' >&2\n")
+    nvcc.chmod(0o755)
+    if cublas_in_toolkit:
+        (root / "include").mkdir()
+        (root / "include" / "cublas_v2.h").touch()
+    return dict(os.environ, PATH=f"{root / 'bin'}:{os.environ['PATH']}")
+
+
+def _build_flags(env) -> tuple[int, list[str]]:
+    import subprocess
+
+    done = subprocess.run(["bash", str(SCRIPTS / "cuda_build_flags.sh")], env=env, capture_output=True, text=True,
+                          timeout=60)
+    return done.returncode, done.stdout.split("\n")[:-1]
+
+
+def test_cuda_build_flags_name_pips_cublas_where_the_toolkit_has_none(tmp_path):
+    """scripts/gpu_peer.sh builds llama.cpp's CUDA backend on the device; where nvcc's toolkit lacks cuBLAS, pip's
+    nvidia-cublas (CUDA 13's layout, nvidia/cu13, libraries versioned only) is named to CMake file by file."""
+    site = tmp_path / "site"
+    cu13 = site / "nvidia" / "cu13"
+    (cu13 / "include").mkdir(parents=True)
+    (cu13 / "include" / "cublas_v2.h").touch()
+    (cu13 / "lib").mkdir()
+    for name in ("libcublas.so.13", "libcublasLt.so.13"):
+        (cu13 / "lib" / name).touch()
+    assert _build_flags(_fake_cuda(tmp_path / "a", cublas_in_toolkit=True)) == (0, [])
+    env = dict(_fake_cuda(tmp_path / "b", cublas_in_toolkit=False), PYTHONPATH=str(site))
+    assert _build_flags(env) == (0, [f"-DCUDA_cublas_LIBRARY={cu13}/lib/libcublas.so.13",
+                                     f"-DCUDA_cublasLt_LIBRARY={cu13}/lib/libcublasLt.so.13",
+                                     f"-DCMAKE_CUDA_FLAGS=-I{cu13}/include", f"-DCMAKE_CXX_FLAGS=-I{cu13}/include",
+                                     f"LD_LIBRARY_PATH={cu13}/lib"])
+    env["PYTHONPATH"] = str(tmp_path / "empty")
+    code, _ = _build_flags(env)
+    assert code == 1 or pytest.skip("this machine's python3 has pip's cuBLAS: the no-cuBLAS case cannot be made here")
