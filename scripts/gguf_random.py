@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from qwen_shapes import SHAPES  # noqa: E402
 
-import gguf  # noqa: E402  (the sources' gguf-py on a device: PYTHONPATH)
+import gguf  # noqa: E402  (on a device: the wheel carried in peer-cuda/, scripts/device_python.sh)
 
 Q = gguf.GGMLQuantizationType
 # Where a matrix's K is no multiple of 256, llama-quantize takes a 32-weight type instead of a k-quant

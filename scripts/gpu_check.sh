@@ -27,5 +27,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-check-out}
 mkdir -p "$out"
+source scripts/device_python.sh  # gguf, from the wheel carried in peer-cuda/
 PYTHONPATH=".:tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py --out "$out" "$@" \
   2>&1 | tee "$out/log.txt"

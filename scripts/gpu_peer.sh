@@ -36,6 +36,7 @@ work=/tmp/gpu-peer
 mkdir -p "$work/models"
 tar -C "$work" -xJf peer-cuda/llama.cpp.tar.xz || { log "no peer-cuda/llama.cpp.tar.xz (scripts/llamacpp_cuda_tree.sh)"; exit 1; }
 src=$work/llama.cpp
+source scripts/device_python.sh  # gguf, from the wheel carried in peer-cuda/
 arch=$(python3 -c "import torch; print('%d%d' % torch.cuda.get_device_capability())")
 
 # 1. the build, in the background
@@ -65,7 +66,7 @@ if [ -n "$check" ]; then
 fi
 for shape in ${shapes//,/ }; do
   layout=q4_k_m; [ "$shape" = 0.5b ] && layout=q5_0
-  PYTHONPATH="$src/gguf-py" python3 scripts/gguf_random.py --shape "$shape" --layout "$layout" \
+  python3 scripts/gguf_random.py --shape "$shape" --layout "$layout" \
     --vocab "$src/models/ggml-vocab-qwen2.gguf" --out "$work/models/$shape.gguf" >> "$out/steps.log" 2>&1 \
     || log "gguf_random $shape failed"
 done
