@@ -1716,13 +1716,10 @@ def main():
         args.budget = float("inf") if args.tiny else 330.0
     global QUICK
     QUICK = args.tiny
-    if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter's overflow checks cost most of its time
-        import dataclasses
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from testlib import fast_triton_interpreter
 
-        from triton.runtime import interpreter
-
-        builder = interpreter.interpreter_builder
-        builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+        fast_triton_interpreter()
     report = Report(Path(args.out))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = TINY if args.tiny else SHAPES
