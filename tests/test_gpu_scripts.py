@@ -109,3 +109,23 @@ def test_cuda_build_flags_name_pips_cublas_where_the_toolkit_has_none(tmp_path):
     env["PYTHONPATH"] = str(tmp_path / "empty")
     code, _ = _build_flags(env)
     assert code == 1 or pytest.skip("this machine's python3 has pip's cuBLAS: the no-cuBLAS case cannot be made here")
+
+
+def test_the_device_checks_timed_parts_run_where_no_test_runs_them(tmp_path):
+    """scripts/gpu_check.py's parts that only time (cost of exactness, the per-shape tile sweep, the profile) call
+    the GPU path's internals directly, and no other test runs them: on tiny shapes through Triton's interpreter
+    they must at least run, so that a changed signature fails here and not in a lent GPU's few minutes (part cost
+    once did: scripts/device_rehearsal.sh runs every part)."""
+    import os
+    import subprocess
+
+    pytest.importorskip("triton")
+    root = SCRIPTS.parent
+    env = dict(os.environ, PYTHONPATH=f"{root}:{root / 'tests'}", TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check.py"), "--tiny", "--out", str(tmp_path),
+                           "--parts", "cost,shape_tiles,profile"], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    report = (tmp_path / "report.md").read_text()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "FAILED" not in report, report
+    assert "## cost of exactness" in report and "## profile of a step" in report
