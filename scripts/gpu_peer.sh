@@ -37,6 +37,8 @@ mkdir -p "$work/models"
 tar -C "$work" -xJf peer-cuda/llama.cpp.tar.xz || { log "no peer-cuda/llama.cpp.tar.xz (scripts/llamacpp_cuda_tree.sh)"; exit 1; }
 src=$work/llama.cpp
 source scripts/device_python.sh  # gguf, from the wheel carried in peer-cuda/
+# no wheel carried: the sources' own gguf-py, enough for gguf_random.py (not for GGUF tokenizers: no metadata)
+python3 -c "import gguf" 2>/dev/null || export PYTHONPATH="$src/gguf-py${PYTHONPATH:+:$PYTHONPATH}"
 arch=$(python3 -c "import torch; print('%d%d' % torch.cuda.get_device_capability())")
 
 # 1. the build, in the background
