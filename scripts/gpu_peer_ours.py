@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import time
 from pathlib import Path
 
 import torch
+
+from specdecode.bench import peers
+
 
 def sync() -> None:
     if torch.cuda.is_available():
@@ -103,12 +105,14 @@ def report(folder: Path, shapes: list[str]) -> None:
                      + " |")
     spec = folder / "speculative-simple.log"
     if spec.exists():
-        found = {key: re.findall(pattern, spec.read_text()) for key, pattern in
-                 (("decoded", r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s"),
-                  ("accept", r"accept\s+=\s+([\d.]+)%"))}
-        lines += ["", "- llama-speculative-simple (1.5B with the 0.5B draft, 128 tokens, greedy): "
-                  + (f"{found['decoded'][-1]} t/s decoding, {found['accept'][-1]}% of drafts accepted"
-                     if found["decoded"] and found["accept"] else "no figures in its log")]
+        try:
+            found = peers.parse_speculative(spec.read_text(errors="replace"))
+            rate = found["accept_rate"]
+            figures = (f"{found['tokens_per_s']:.1f} t/s decoding, "
+                       + (f"{rate:.1%} of {found['drafted']} drafts accepted" if rate is not None else "nothing drafted"))
+        except ValueError:
+            figures = "no figures in its log"
+        lines += ["", f"- llama-speculative-simple (1.5B with the 0.5B draft, 128 tokens, greedy): {figures}"]
     lines += ["", "Random weights in Qwen2.5 shapes (scripts/gguf_random.py): both engines read the same files. tg128"
               " and pp512 as llama-bench counts them (specdecode's: scripts/gpu_peer_ours.py, its model alone); the"
               " engine column is specdecode's own generation, greedy, 128 tokens; launch_ahead: each step launched"
@@ -119,19 +123,16 @@ def report(folder: Path, shapes: list[str]) -> None:
 
 
 def llama_bench(path: Path) -> dict:
-    """tok/s of llama-bench's pp512 and tg128 records."""
-    if not path.exists():
-        return {}
+    """tok/s of llama-bench's pp512 and tg128 records ({} where the file is missing or holds neither)."""
     try:
-        records = json.loads(path.read_text())
-    except ValueError:
+        bench = peers.parse_llama_bench(path.read_text())
+    except (OSError, ValueError):
         return {}
     out = {}
-    for record in records:
-        if record.get("n_prompt") == 512 and record.get("n_gen") == 0:
-            out["pp"] = record["avg_ts"]
-        if record.get("n_prompt") == 0 and record.get("n_gen") == 128:
-            out["tg"] = record["avg_ts"]
+    if 512 in bench["pp"]:
+        out["pp"] = bench["pp"][512]["tokens_per_s"]
+    if bench["tg"] and bench["tg"]["n_gen"] == 128:
+        out["tg"] = bench["tg"]["tokens_per_s"]
     return out
 
 

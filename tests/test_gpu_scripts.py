@@ -129,3 +129,28 @@ def test_the_device_checks_timed_parts_run_where_no_test_runs_them(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "FAILED" not in report, report
     assert "## cost of exactness" in report and "## profile of a step" in report
+
+
+def test_the_peer_report_reads_llama_benchs_json_and_the_speculative_log(tmp_path):
+    """scripts/gpu_peer_ours.py --report: llama.cpp's figures from its tools' own output (the parsers of the CPU
+    peers, specdecode.bench.peers), ours from gpu_peer_ours.py's JSON, ratios within the run."""
+    import json
+
+    import gpu_peer_ours
+
+    record = {"build_commit": "abc", "build_number": 1, "n_threads": 16, "avg_ns": 1, "stddev_ts": 0.0}
+    (tmp_path / "llama-bench-1.5b.json").write_text(json.dumps([
+        {**record, "n_prompt": 512, "n_gen": 0, "avg_ts": 20000.0}, {**record, "n_prompt": 0, "n_gen": 128, "avg_ts": 400.0}]))
+    (tmp_path / "ours-1.5b.json").write_text(json.dumps({
+        "pp512_tok_s": 10000.0, "tg128_tok_s": 500.0, "tg128_ahead_tok_s": 520.0,
+        "engine": {"none": {"tok_s": 480.0}, "auto": {"tok_s": 600.0}, "identical": True,
+                   "ahead": {"tok_s": 510.0, "identical": True}}}))
+    (tmp_path / "speculative-simple.log").write_text(
+        "I encoded   48 tokens in    0.010 seconds, speed: 4800.000 t/s\n"
+        "I decoded  128 tokens in    0.200 seconds, speed:  640.000 t/s\n"
+        "I n_draft   = 16\nI n_drafted = 100\nI n_accept  = 60\nI accept    = 60.000%\n")
+    gpu_peer_ours.report(tmp_path, ["1.5b", "7b"])
+    report = (tmp_path / "report.md").read_text()
+    assert "| 1.5b | 400.0 | 500.0 | 1.25 | 20000.0 | 10000.0 | 0.50 | 480.0 / 600.0 (True) | 520.0 (1.30) / 510.0 (True) |" in report
+    assert "| 7b | - | - | - | - | - | - | - | - / - |" in report  # no files: dashes, not an error
+    assert "640.0 t/s decoding, 60.0% of 100 drafts accepted" in report
