@@ -122,11 +122,11 @@ def verdicts_torch(choice: torch.Tensor, meta: torch.Tensor, requests: int) -> t
     return torch.stack([stop - firsts, choice[stop]])  # the first differing row: accepted tokens, next token
 
 
-def seeded_draws(generations: list, logits: list, sampled: list[int], first_of: dict
+def seeded_draws(generations: list, logits, sampled: list[int], first_of: dict
                  ) -> tuple[list[int], torch.Tensor] | None:
-    """The sampled generations' rows (logits[i]: generation i's block, its first row first_of[i] in the pass's
-    tensor) and their draws on the device: each row processed alone by its request's settings, all raced in one
-    launch at the rows' sequence positions (as each one's verify races them)."""
+    """The sampled generations' rows (logits[i], a list or a dict by i: generation i's block, its first row
+    first_of[i] in the pass's tensor) and their draws on the device: each row processed alone by its request's
+    settings, all raced in one launch at the rows' sequence positions (as each one's verify races them)."""
     if not sampled:
         return None
     probs, rows, positions, noises = [], [], [], []

@@ -114,7 +114,8 @@ class BatchEngine:
     pass is built on the device too (built for plain decoding only: launch_ahead); scripts/gpu_check.py (part
     verdicts) measures it on a GPU. The verdicts are the same either way.
     launch_ahead: where every running request decodes plainly (greedy or sampled) on the GPU path, launch the next
-    pass from the tokens the device chose (argmaxes, seeded draws) before reading this one, and settle this one while the next runs (batch_ahead.py).
+    pass from the tokens the device chose (argmaxes, seeded draws) before reading this one, and settle this one
+    while the next runs (batch_ahead.py).
     The tokens are the same; off by default until a device run has timed it (scripts/gpu_check.py, part verdicts).
     """
 

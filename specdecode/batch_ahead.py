@@ -3,8 +3,8 @@
 Where every running request decodes plainly (no drafter, nothing shaping its rows), the token each one feeds its
 next pass is its row's argmax, or for a sampled request its row's seeded draw (sampling.choose_rows: the race of
 its noise at its position, in the device's kernel on the GPU path), which the device computes without the host.
-So the batch launches the next pass with those tokens (`Transformer.steps_from_device`: the metadata built on the host, where positions are
-known, and copied from pinned memory), then reads the last pass's argmaxes (one pinned asynchronous copy, queued
+So the batch launches the next pass with those tokens (`Transformer.steps_from_device`: the metadata built on the
+host, where positions are known, and copied from pinned memory), then reads the last pass's argmaxes (one pinned asynchronous copy, queued
 before the next pass: waiting for it waits for the last pass only) and settles it while the device runs the next.
 On a GPU the host's per-request work (verdicts, stop checks, detokenizing, events) then hides behind the device's.
 
@@ -75,8 +75,8 @@ def next_tokens(generations: list, logits: torch.Tensor) -> tuple[torch.Tensor, 
     sampled = [i for i, g in enumerate(generations) if g is not None and not g.sampling.greedy]
     if not sampled:
         return choice, choice
-    rows, drawn = accept.seeded_draws(generations, [logits[i : i + 1] for i in range(len(generations))], sampled,
-                                      {i: i for i in sampled})
+    blocks = {i: logits[i : i + 1] for i in sampled}  # a one-row block each: only the sampled rows are read
+    rows, drawn = accept.seeded_draws(generations, blocks, sampled, {i: i for i in sampled})
     choice = choice.index_copy(0, int64_to_device(rows, logits.device), drawn)
     return choice, choice.clamp(min=0)
 

@@ -90,8 +90,8 @@ class Engine:
         launch_ahead: bool = False,
     ):
         """launch_ahead: plain decoding (greedy or sampled) on the GPU path launches each step's pass from the token
-        the device chose (argmax, seeded draw) before the step before it is read (`_decode_ahead`); the same tokens. Off by default until a device run has
-        timed it (scripts/gpu_check.py)."""
+        the device chose (argmax, seeded draw) before the step before it is read (`_decode_ahead`); the same tokens.
+        Off by default until a device run has timed it (scripts/gpu_check.py)."""
         # Where rows of a block are not computed as the row alone, a verify block can round differently from
         # the decode step it stands for, and at a near-tie speculation then picks another token than plain
         # decoding. A CPU that should have the kernel but lacks it is refused unless the caller accepts that;
@@ -316,7 +316,8 @@ class Engine:
 
     def _decode_ahead(self, generation: Generation, live: object) -> Iterator[StreamEvent]:
         """Plain decoding on the GPU path, each step's pass launched from the device's token (its argmax, or its seeded
-        draw: batch_ahead.next_tokens) before the step before it is read (batch_ahead.py): the host settles and hands out a step while the device runs the next.
+        draw: batch_ahead.next_tokens) before the step before it is read (batch_ahead.py): the host settles and hands
+        out a step while the device runs the next.
         The same tokens: the row of a step after the answer ended is rolled back, as a rejected draft's. Where a
         pass cannot run so (off the GPU path), or no row is worth launching, the usual steps go on."""
         model, cache = self.target.model, self.cache
