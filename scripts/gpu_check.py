@@ -163,11 +163,14 @@ Q3_K_M = {"qkv": ("Q3_K", "Q3_K", "Q4_K"), "out_proj": ("Q4_K",), "gate_up": ("Q
           "lm_head": ("Q6_K",)}
 
 
-def random_block_part(kind: int, first: int, rows: int, cols: int, device):
-    """A BlockPart of random quants and small scales made on the device (no raw blocks: only speed is measured)."""
+def random_block_part(kind: int, first: int, rows: int, cols: int, device, fill: bool = True):
+    """A BlockPart of random quants and small scales made on the device (no raw blocks: only speed is measured).
+    fill=False leaves the quants unwritten (scripts/triton_compile_check.py: launches only, no memory committed)."""
     from specdecode.gpu import gguf_blocks as gb
 
     def quants(width, low=0, high=256, dtype=torch.uint8):
+        if not fill:
+            return torch.empty((rows, width), dtype=dtype, device=device)
         return torch.randint(low, high, (rows, width), dtype=dtype, device=device)
 
     def halves(width, scale):
@@ -184,8 +187,9 @@ def random_block_part(kind: int, first: int, rows: int, cols: int, device):
     return gb.BlockPart(kind, first, rows, arrays)
 
 
-def with_random_blocks(model, layout: dict):
-    """`model` with every matrix replaced by random blocks of the layout's types (part rows as the model's)."""
+def with_random_blocks(model, layout: dict, fill: bool = True):
+    """`model` with every matrix replaced by random blocks of the layout's types (part rows as the model's); fill:
+    as random_block_part's."""
     from specdecode.gpu import gguf_blocks as gb
 
     c = model.config
@@ -198,7 +202,7 @@ def with_random_blocks(model, layout: dict):
         parts, first = [], 0
         # neighbouring tensors of one type are one part, as the loader makes them
         for kind, counts in gb.runs([(codes[kind], n) for kind, n in zip(layout[name], rows[name])]):
-            parts.append(random_block_part(kind, first, sum(counts), cols, model.device))
+            parts.append(random_block_part(kind, first, sum(counts), cols, model.device, fill))
             first += sum(counts)
         owner._parameters.pop(name, None)
         setattr(owner, name, gb.BlockWeight(parts, cols))

@@ -352,8 +352,9 @@ def linear_partial_kernel(x_ptr, w_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
 
 
 @triton.jit
-def _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr = ""):
-    """A row's columns summed over the splits in ascending order (the fixed order every row gets)."""
+def _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr, CACHE: tl.constexpr):
+    """A row's columns summed over the splits in ascending order (the fixed order every row gets). CACHE: the loads'
+    cache modifier, always passed: Triton's compiler (not its interpreter) fails on a jit helper's str default."""
     total = tl.zeros((BLOCK,), dtype=tl.float32)
     for split in range(SPLITS):
         total += tl.load(part_ptr + (split * M + row).to(tl.int64) * N + cols, mask=mask, other=0.0,
@@ -369,7 +370,7 @@ def reduce_kernel(part_ptr, bias_ptr, out_ptr, M, N, SPLITS: tl.constexpr, HAS_B
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
-    y = _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS, BLOCK)
+    y = _sum_splits(part_ptr, row, cols, mask, M, N, SPLITS, BLOCK, "")
     if HAS_BIAS:
         y += tl.load(bias_ptr + cols, mask=mask, other=0.0)
     tl.store(out_ptr + row.to(tl.int64) * N + cols, y, mask=mask)
@@ -427,8 +428,8 @@ def gated_act_kernel(part_ptr, out_ptr, M, INTER: tl.constexpr, SPLITS: tl.const
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTER
-    gate = _sum_splits(part_ptr, row, cols, mask, M, 2 * INTER, SPLITS, BLOCK)
-    up = _sum_splits(part_ptr, row, cols + INTER, mask, M, 2 * INTER, SPLITS, BLOCK)
+    gate = _sum_splits(part_ptr, row, cols, mask, M, 2 * INTER, SPLITS, BLOCK, "")
+    up = _sum_splits(part_ptr, row, cols + INTER, mask, M, 2 * INTER, SPLITS, BLOCK, "")
     tl.store(out_ptr + row * INTER + cols, _gated(gate, up, GELU).to(out_ptr.dtype.element_ty), mask=mask)
 
 
