@@ -34,6 +34,7 @@ from pathlib import Path
 if __name__ == "__main__" and "--tiny" in sys.argv:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -165,12 +166,16 @@ Q3_K_M = {"qkv": ("Q3_K", "Q3_K", "Q4_K"), "out_proj": ("Q4_K",), "gate_up": ("Q
 
 def random_block_part(kind: int, first: int, rows: int, cols: int, device, fill: bool = True):
     """A BlockPart of random quants and small scales made on the device (no raw blocks: only speed is measured).
-    fill=False leaves the quants unwritten (scripts/triton_compile_check.py: launches only, no memory committed)."""
+    fill=False: any type's arrays left unwritten (scripts/triton_compile_check.py: launches only, no memory used)."""
     from specdecode.gpu import gguf_blocks as gb
 
+    if not fill:  # each array's row width and type as regroup gives them for one row of zero blocks
+        per_block, size = gb.BLOCKS[kind]
+        one_row = gb.regroup(kind, np.zeros((1, cols // per_block * size), dtype=np.uint8), cols)
+        return gb.BlockPart(kind, first, rows, tuple(
+            torch.empty((rows, a.shape[1]), dtype=torch.from_numpy(a).dtype, device=device) for a in one_row))
+
     def quants(width, low=0, high=256, dtype=torch.uint8):
-        if not fill:
-            return torch.empty((rows, width), dtype=dtype, device=device)
         return torch.randint(low, high, (rows, width), dtype=dtype, device=device)
 
     def halves(width, scale):

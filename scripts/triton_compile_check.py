@@ -1,25 +1,28 @@
-"""Every Triton kernel the GPU path launches at the real Qwen2.5 shapes, compiled for a GPU architecture (sm_90, the
-H100's and H200's, by default) on a machine with no GPU: Triton's compiler and its own ptxas need no device.
+"""Every Triton kernel the GPU path launches, compiled for a GPU architecture (sm_90, the H100's and H200's, by
+default) on a machine with no GPU: Triton's compiler and the ptxas its wheel carries need no device.
 
-The interpreter (the tests' way to run the kernels) accepts what a GPU's compiler refuses: a `tl.dot` narrower than
-16 rows, a tile whose buffers exceed the device's shared memory, more registers than a block may hold. Those would
-first show on a lent GPU, whose 15 minutes should go to measuring. So:
-1. a child process under TRITON_INTERPRET=1 drives the GPU path (passes of 1, 5, 16 and 100 rows, a batch of three
-   sequences, a token tree, a step from the device, sampling's race, the device verdicts) over models of the real
-   shapes (bfloat16 and GGUF-block matrices), under every tile setting the device check tries (default, SWAP_AB,
-   the fused epilogues, each per-shape candidate), and records each launch's specialization: the kernel, its
-   constexprs, its arguments' types, and what the JIT specializes on (an integer 1, multiples of 16, a tensor's
-   16-byte alignment). The products, norms and attention are not run (their outputs are never read: only the
-   launches matter), so a 7B shape takes seconds;
+The interpreter (the tests' way to run the kernels) accepts what a GPU's compiler refuses: a jit helper's default it
+cannot type, a `tl.dot` narrower than 16 rows, a tile whose buffers exceed the device's shared memory, more registers
+than a block may hold. Those would first show on a lent GPU, whose minutes should go to measuring. So:
+1. a child process under TRITON_INTERPRET=1 drives the GPU path (passes of 1, 5, 16 and 100 rows, batches, a token
+   tree, a step from the device, sampling's race, the device verdicts) over models of the real Qwen2.5 0.5B-72B
+   shapes (bfloat16 and the GGUF layouts the device check builds), Gemma 3, Llama 3 and SmolLM2 shapes, and the 1.5B
+   shape with every matrix of each GGUF block type the GPU reads; under every tile setting the device check tries
+   (default, SWAP_AB, the fused epilogues and their reversed twin, each per-shape candidate, each whole-pass variant)
+   with the switches a CUDA device sets (bfloat16 MMA, Triton's own conversion); and records each launch: the
+   kernel, its constexprs, its arguments' types and what the JIT specializes on (an integer 1, multiples of 16, a
+   tensor's 16-byte alignment), its launch options. Matrices stay unwritten and the products, norms and attention
+   are not run (only the launches matter), so a 72B shape costs seconds;
 2. this process compiles each distinct specialization as the JIT would for the target (Triton's own binder and
-   argument packing, launch options included), a PDL twin of every kernel that can wait on its predecessor, and
-   reads the shared memory each needs and the registers and spills ptxas reports (`ptxas -v`).
-It fails (exit 1) on a kernel that does not compile, needs more shared memory than the target's block may have, or
-more registers than a block of its warps may hold; spills are listed (they cost speed, not exactness).
+   argument packing), and a PDL twin of every kernel that takes the switch, then checks the shared memory each
+   needs and the registers ptxas reports (`ptxas -v`) against the architecture's limits, and PTX_RULES (the race's
+   noise: IEEE f64 division, no fused multiply-add).
+It fails (exit 1) on a kernel that does not compile or breaks a limit or a rule; spills are listed (they cost speed,
+not exactness).
 
-    python scripts/triton_compile_check.py [--arch 90] [--shapes 0.5b,1.5b,7b] [--quick] [--out DIR]
+    python scripts/triton_compile_check.py [--arch 90] [--shapes 0.5b,...] [--quick | --production] [--out DIR]
 
-Writes DIR/report.md (one row per kernel specialization) and DIR/launches.json (what was recorded).
+Writes DIR/report.md (one row per kernel specialization), DIR/results.json and DIR/launches.json (what was recorded).
 """
 from __future__ import annotations
 
@@ -39,7 +42,9 @@ from pathlib import Path
 # Shared memory a block may use (bytes, with the opt-in carve-out) per compute capability; registers per thread
 SHARED_LIMIT = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
 REGISTERS_PER_BLOCK, REGISTERS_PER_THREAD = 65536, 255
-OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl", "launch_cooperative_grid")
+# What a kernel's PTX must and must not hold: the race's noise is the host's bits only without fused multiply-adds
+# (noise_kernel.py; its launches turn fusion off) and with IEEE division in the log series
+PTX_RULES = {"_race_kernel": (("div.rn.f64",), ("fma.rn.f64",)), "_pick_kernel": ((), ("fma.rn.f64",))}
 
 
 # ---------------------------------------------------------------------- 1. recording (under the interpreter)
@@ -79,11 +84,12 @@ def _recorder(seen: dict, run_anyway: set):
 
     def run(self, *args, grid, warmup, **kwargs):
         parameters = list(inspect.signature(self.fn).parameters.values())
-        bound = dict(zip([p.name for p in parameters], args)) | {k: v for k, v in kwargs.items() if k not in OPTION_KEYS}
+        names = [p.name for p in parameters]
+        bound = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in names}
         constexpr = {p.name for p in parameters if _is_constexpr(p)}
         entry = {"module": self.fn.__module__, "name": self.fn.__name__,
                  "args": {name: _describe(value, name in constexpr) for name, value in bound.items()},
-                 "options": {k: v for k, v in kwargs.items() if k in OPTION_KEYS}}
+                 "options": {k: v for k, v in kwargs.items() if k not in names}}  # num_warps, enable_fp_fusion, ...
         seen.setdefault(json.dumps(entry, sort_keys=True), entry)
         if self.fn.__name__ in run_anyway:  # cheap kernels whose outputs steer the host (tokens, verdicts)
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
@@ -92,18 +98,47 @@ def _recorder(seen: dict, run_anyway: set):
     interpreter.InterpretedFunction.run = run
 
 
-def _empty_model(shape: dict, blocks: dict | None):
-    """A native Qwen2 model of `shape` on the CPU, on the Triton path, its matrices bfloat16 or GGUF blocks of the
-    layout `blocks`, left unwritten (torch.empty commits no memory: a 72B shape costs nothing)."""
+# Other families' real shapes (Hugging Face config fields): Gemma 3 (head size 256, q/k norms, sandwich norms, GeGLU,
+# windows with their own rope base), Llama 3 (llama3 rope scaling) and SmolLM2 (three query heads a key head)
+FAMILIES = {
+    "gemma3-270m": dict(model_type="gemma3_text", hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                        num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                        sliding_window=512, rope_theta=1e6, rope_local_base_freq=1e4, query_pre_attn_scalar=256,
+                        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, max_position_embeddings=32768),
+    "gemma3-1b": dict(model_type="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                      sliding_window=512, rope_theta=1e6, rope_local_base_freq=1e4, query_pre_attn_scalar=256,
+                      hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, max_position_embeddings=32768),
+    "llama3-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, rope_theta=5e5,
+                      rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                        original_max_position_embeddings=8192),
+                      max_position_embeddings=131072, tie_word_embeddings=False),
+    "smollm2-135m": dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, rope_theta=1e5,
+                         max_position_embeddings=8192, tie_word_embeddings=True),
+}
+
+
+def _hf_config(shape: str) -> dict:
+    from gpu_check import qwen2_config
+    from qwen_shapes import SHAPES
+
+    return FAMILIES[shape] if shape in FAMILIES else qwen2_config(SHAPES[shape]).to_dict()
+
+
+def _empty_model(shape: str, blocks: dict | None):
+    """A native model of `shape` (a Qwen2.5 size or a FAMILIES name) on the CPU, on the Triton path, its matrices
+    bfloat16 or GGUF blocks of the layout `blocks`, left unwritten (torch.empty commits no memory: a 72B shape
+    costs nothing)."""
     import torch
 
-    from gpu_check import qwen2_config, with_random_blocks
+    from gpu_check import with_random_blocks
     from specdecode import gpu
     from specdecode.models.hf_loader import config_from_hf
     from specdecode.models.transformer import Transformer
 
-    with torch.device("meta"):
-        model = Transformer(config_from_hf(qwen2_config(shape).to_dict()), torch.bfloat16, max_positions=4096)
+    model = Transformer(config_from_hf(_hf_config(shape)), torch.bfloat16, max_positions=4096)  # torch.empty's
     for module in model.modules():
         for name, param in list(module.named_parameters(recurse=False)):
             dtype = torch.float32 if name == "embed" else param.dtype
@@ -180,38 +215,55 @@ def _sampling_and_verdicts(vocab: int) -> None:
 
 
 def _layouts(shape: str) -> list:
-    """The matrices the device check builds at a shape: bfloat16 (None) and the GGUF layouts of its files."""
+    """The matrices the device check builds at a shape: bfloat16 (None) and the GGUF layouts of its files; bfloat16
+    for the other families (their products are the same kernels: the block types are swept at the 1.5B shape)."""
     import gpu_check
     from qwen_shapes import SHAPES
 
+    if shape in FAMILIES:
+        return [("bf16", None)]
     bf16, q4, q3 = ("bf16", None), ("Q4_K_M", gpu_check.Q4_K_M), ("Q3_K_M", gpu_check.Q3_K_M)
     return {"0.5b": [bf16, ("Q5_0", gpu_check.Q5_0_FILE)], "1.5b": [bf16, q4], "7b": [bf16, q3, q4]}.get(
         shape, [("Q4_K_M", gpu_check.seed_layout(SHAPES[shape], False))])
 
 
-def record(shapes: list[str], quick: bool, path: Path) -> None:
-    from qwen_shapes import SHAPES
+def _every_block_type() -> list:
+    """One layout per GGUF block type the GPU path reads, every matrix of that type (users' files: Q4_0, Q5_K_M,
+    IQ4_XS, ...), for the 1.5B shape, whose widths are multiples of 256."""
+    from specdecode.gpu import gguf_blocks as gb
+
+    return [(name, {matrix: (name,) * parts for matrix, parts in
+                    (("qkv", 3), ("out_proj", 1), ("gate_up", 2), ("down", 1), ("lm_head", 1))})
+            for name in gb.NAMES.values()]
+
+
+def record(shapes: list[str], quick: bool, production: bool, path: Path) -> None:
     from specdecode.gpu.exact_pass import ExactPass
 
     seen: dict = {}
     _recorder(seen, run_anyway={"greedy_verdict_kernel", "_pick_kernel"})
     settings = _tile_settings()
+    production = {name: settings[name] for name in ("default", "swap", "fused", "swap+fused")}
     if quick:
         settings = {name: settings[name] for name in ("default", "swap+fused")}
-    for shape in shapes:
-        layouts = _layouts(shape)
-        for label, layout in layouts[-1:] if quick else layouts:
-            model = _empty_model(SHAPES[shape], layout)
-            for name, tiles in settings.items():
-                if isinstance(tiles, tuple):  # one per-shape candidate for every product shape of the model
-                    layer = model.layers[0]
-                    keys = {tuple(w.shape) for w in (layer.qkv, layer.out_proj, layer.gate_up, layer.down)}
-                    tiles = dataclasses.replace(settings["default"], shapes=tuple((k, tiles[1]) for k in keys))
-                model.exact_pass = _as_on_a_gpu(ExactPass(model, tiles))
-                _passes(model)
-                print(f"recorded {shape} {label} {name}: {len(seen)} launches", flush=True)
-            del model
-    _sampling_and_verdicts(SHAPES[shapes[0]]["vocab_size"])
+    elif production:  # the tiles a model may run with, not the sweeps' candidates (for other architectures)
+        settings = production
+    runs = [(shape, layout, settings) for shape in shapes
+            for layout in (_layouts(shape)[-1:] if quick else _layouts(shape))]
+    if not quick:
+        runs += [("1.5b", layout, production) for layout in _every_block_type()]
+    for shape, (label, layout), chosen in runs:
+        model = _empty_model(shape, layout)
+        for name, tiles in chosen.items():
+            if isinstance(tiles, tuple):  # one per-shape candidate for every product shape of the model
+                layer = model.layers[0]
+                keys = {tuple(w.shape) for w in (layer.qkv, layer.out_proj, layer.gate_up, layer.down)}
+                tiles = dataclasses.replace(settings["default"], shapes=tuple((k, tiles[1]) for k in keys))
+            model.exact_pass = _as_on_a_gpu(ExactPass(model, tiles))
+            _passes(model)
+            print(f"recorded {shape} {label} {name}: {len(seen)} launches", flush=True)
+        del model
+    _sampling_and_verdicts(_hf_config(shapes[0])["vocab_size"])
     path.write_text(json.dumps(list(seen.values()), indent=1))
 
 
@@ -288,7 +340,9 @@ def compile_entry(job) -> dict:
         return row | {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}"}
     registers, spills = _ptxas_report(compiled.asm["ptx"], arch)
     warps, limit = compiled.metadata.num_warps, SHARED_LIMIT.get(arch, 101376)
-    problems = []
+    required, forbidden = PTX_RULES.get(entry["name"], ((), ()))
+    problems = [f"no {op} in its PTX" for op in required if op not in compiled.asm["ptx"]]
+    problems += [f"{op} in its PTX" for op in forbidden if op in compiled.asm["ptx"]]
     if compiled.metadata.shared > limit:
         problems.append(f"shared memory {compiled.metadata.shared} B > {limit}")
     if registers > REGISTERS_PER_THREAD or registers * 32 * warps > REGISTERS_PER_BLOCK:
@@ -338,20 +392,23 @@ def _report(rows: list[dict], arch: int, out: Path, command: str) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability as one number (90: sm_90)")
-    parser.add_argument("--shapes", default="0.5b,1.5b,7b,32b,72b")
+    parser.add_argument("--shapes", default=",".join(["0.5b", "1.5b", "7b", "32b", "72b", *FAMILIES]))
     parser.add_argument("--quick", action="store_true", help="default and swap+fused tiles, one layout a shape")
+    parser.add_argument("--production", action="store_true",
+                        help="only the tiles a model may run with (default, SWAP_AB, fused, both), not the sweeps'")
     parser.add_argument("--out", default="triton-compile-out")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--record", help=argparse.SUPPRESS)  # the child's part: where to write the launches
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     if args.record:
-        record(args.shapes.split(","), args.quick, Path(args.record))
+        record(args.shapes.split(","), args.quick, args.production, Path(args.record))
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     launches = out / "launches.json"
-    child = [sys.executable, __file__, "--record", str(launches), "--shapes", args.shapes] + (["--quick"] * args.quick)
+    child = [sys.executable, __file__, "--record", str(launches), "--shapes", args.shapes]
+    child += ["--quick"] * args.quick + ["--production"] * args.production
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
         filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")])))
     if subprocess.run(child, env=env).returncode:

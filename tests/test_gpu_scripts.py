@@ -132,10 +132,11 @@ def test_the_device_checks_timed_parts_run_where_no_test_runs_them(tmp_path):
 
 
 def test_the_gpu_paths_kernels_compile_for_an_h100_without_one(tmp_path):
-    """scripts/triton_compile_check.py: every kernel specialization the GPU path launches for the 0.5B shape (GGUF
-    blocks; default tiles and SWAP_AB with the fused epilogues, each with its PDL twin) compiled for sm_90 by
-    Triton's compiler and ptxas, which the interpreter never runs: a helper's str default that the compiler
-    refuses (reduce_kernel and gated_act_kernel failed so) or a tile over the shared memory limit fails here."""
+    """scripts/triton_compile_check.py: every kernel specialization the GPU path launches for the 0.5B shape (its
+    file's GGUF blocks) and Gemma 3 270M's (head size 256, q/k norms, sandwich norms, GeGLU), default tiles and
+    SWAP_AB with the fused epilogues, each with its PDL twin, compiled for sm_90 by Triton's compiler and ptxas,
+    which the interpreter never runs: a helper's str default that the compiler refuses (reduce_kernel and
+    gated_act_kernel failed so) or a tile over the shared memory limit fails here."""
     import json
     import os
     import subprocess
@@ -144,7 +145,7 @@ def test_the_gpu_paths_kernels_compile_for_an_h100_without_one(tmp_path):
     root = SCRIPTS.parent
     env = dict(os.environ, PYTHONPATH=f"{root}:{root / 'tests'}")
     env.pop("TRITON_INTERPRET", None)  # the script's child sets it; the compile step must not have it
-    done = subprocess.run([sys.executable, str(SCRIPTS / "triton_compile_check.py"), "--shapes", "0.5b", "--quick",
+    done = subprocess.run([sys.executable, str(SCRIPTS / "triton_compile_check.py"), "--shapes", "0.5b,gemma3-270m", "--quick",
                            "--out", str(tmp_path)], cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())
@@ -152,6 +153,7 @@ def test_the_gpu_paths_kernels_compile_for_an_h100_without_one(tmp_path):
     assert {"linear_partial_kernel", "attention_partial_kernel", "reduce_kernel", "gated_act_kernel",
             "_race_kernel", "greedy_verdict_kernel"} <= kernels, kernels
     assert any(row["pdl"] for row in rows) and all(row["registers"] > 0 for row in rows)
+    assert any(row["constexprs"].get("D") == "256" for row in rows if row["kernel"] == "attention_partial_kernel")
 
 
 def test_the_peer_report_reads_llama_benchs_json_and_the_speculative_log(tmp_path):
