@@ -353,11 +353,11 @@ def compile_entry(job) -> dict:
 
 def _compile_all(launches: list[dict], arch: int, jobs: int) -> list[dict]:
     """Each distinct specialization once (launches that differ only where the JIT does not look are one), with a
-    PDL twin of every kernel that takes the PDL switch (the interpreter never launches it so)."""
+    PDL twin of every kernel that takes the PDL switch on sm_90 and later (the interpreter never launches it so)."""
     work: dict[str, tuple] = {}
     for entry in launches:
         kernel = getattr(importlib.import_module(entry["module"]), entry["name"])
-        for pdl in (False, True) if "PDL" in kernel.arg_names else (False,):
+        for pdl in (False, True) if "PDL" in kernel.arg_names and arch >= 90 else (False,):  # (ExactPass: Hopper on)
             try:
                 key = _key(entry, arch, pdl)
             except Exception as exc:  # noqa: BLE001  compiled (and reported) below
