@@ -243,15 +243,15 @@ def record(shapes: list[str], quick: bool, production: bool, path: Path) -> None
     seen: dict = {}
     _recorder(seen, run_anyway={"greedy_verdict_kernel", "_pick_kernel"})
     settings = _tile_settings()
-    production = {name: settings[name] for name in ("default", "swap", "fused", "swap+fused")}
+    runnable = {name: settings[name] for name in ("default", "swap", "fused", "swap+fused")}
     if quick:
         settings = {name: settings[name] for name in ("default", "swap+fused")}
     elif production:  # the tiles a model may run with, not the sweeps' candidates (for other architectures)
-        settings = production
+        settings = runnable
     runs = [(shape, layout, settings) for shape in shapes
             for layout in (_layouts(shape)[-1:] if quick else _layouts(shape))]
     if not quick:
-        runs += [("1.5b", layout, production) for layout in _every_block_type()]
+        runs += [("1.5b", layout, runnable) for layout in _every_block_type()]
     for shape, (label, layout), chosen in runs:
         model = _empty_model(shape, layout)
         for name, tiles in chosen.items():
