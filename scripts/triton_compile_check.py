@@ -42,9 +42,27 @@ from pathlib import Path
 # Shared memory a block may use (bytes, with the opt-in carve-out) per compute capability; registers per thread
 SHARED_LIMIT = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
 REGISTERS_PER_BLOCK, REGISTERS_PER_THREAD = 65536, 255
-# What a kernel's PTX must and must not hold: the race's noise is the host's bits only without fused multiply-adds
-# (noise_kernel.py; its launches turn fusion off) and with IEEE division in the log series
-PTX_RULES = {"_race_kernel": (("div.rn.f64",), ("fma.rn.f64",)), "_pick_kernel": ((), ("fma.rn.f64",))}
+# What a kernel's PTX must and must not hold (regular expressions), where its constexprs are as `when` says:
+# - the race's noise is the host's bits only without fused multiply-adds (noise_kernel.py; its launches turn fusion
+#   off) and with IEEE division in the log series;
+# - a fused sum's or merge's arrival counter is counted with release and acquire at GPU scope (the last program to
+#   arrive reads the others' stores): an atomic add of any other order would let it read stale partial sums, which
+#   the interpreter, running one program at a time, can never show.
+ACQ_REL_ADDS = ((r"atom\.global\.gpu\.acq_rel\.add",), (r"atom\.global(?!\.(gpu|sys)\.acq_rel\.)[.\w]*\.add",))
+PTX_RULES = {"_race_kernel": [({}, (r"div\.rn\.f64",), (r"fma\.rn\.f64",))],
+             "_pick_kernel": [({}, (), (r"fma\.rn\.f64",))],
+             "linear_partial_kernel": [({"FUSE_SUM": "True"}, *ACQ_REL_ADDS)],
+             "attention_partial_kernel": [({"FUSE_MERGE": "True"}, *ACQ_REL_ADDS)]}
+
+
+def ptx_problems(name: str, constexprs: dict, ptx: str) -> list[str]:
+    """What the kernel's PTX breaks of PTX_RULES (constexprs by name, as strings)."""
+    problems = []
+    for when, required, forbidden in PTX_RULES.get(name, []):
+        if all(constexprs.get(key) == value for key, value in when.items()):
+            problems += [f"no {rule} in its PTX" for rule in required if not re.search(rule, ptx)]
+            problems += [f"{rule} in its PTX" for rule in forbidden if re.search(rule, ptx)]
+    return problems
 
 
 # ---------------------------------------------------------------------- 1. recording (under the interpreter)
@@ -340,9 +358,7 @@ def compile_entry(job) -> dict:
         return row | {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}"}
     registers, spills = _ptxas_report(compiled.asm["ptx"], arch)
     warps, limit = compiled.metadata.num_warps, SHARED_LIMIT.get(arch, 101376)
-    required, forbidden = PTX_RULES.get(entry["name"], ((), ()))
-    problems = [f"no {op} in its PTX" for op in required if op not in compiled.asm["ptx"]]
-    problems += [f"{op} in its PTX" for op in forbidden if op in compiled.asm["ptx"]]
+    problems = ptx_problems(entry["name"], row["constexprs"], compiled.asm["ptx"])
     if compiled.metadata.shared > limit:
         problems.append(f"shared memory {compiled.metadata.shared} B > {limit}")
     if registers > REGISTERS_PER_THREAD or registers * 32 * warps > REGISTERS_PER_BLOCK:

@@ -136,7 +136,8 @@ def test_the_gpu_paths_kernels_compile_for_an_h100_without_one(tmp_path):
     file's GGUF blocks) and Gemma 3 270M's (head size 256, q/k norms, sandwich norms, GeGLU), default tiles and
     SWAP_AB with the fused epilogues, each with its PDL twin, compiled for sm_90 by Triton's compiler and ptxas,
     which the interpreter never runs: a helper's str default that the compiler refuses (reduce_kernel and
-    gated_act_kernel failed so) or a tile over the shared memory limit fails here."""
+    gated_act_kernel failed so), a tile over the shared memory limit, the race compiled with fused multiply-adds or
+    an arrival counter counted without acquire and release (twins of each failed) fails here."""
     import json
     import os
     import subprocess
