@@ -50,6 +50,7 @@ REGISTERS_PER_BLOCK, REGISTERS_PER_THREAD = 65536, 255
 #   the interpreter, running one program at a time, can never show.
 ACQ_REL_ADDS = ((r"atom\.global\.gpu\.acq_rel\.add",), (r"atom\.global(?!\.(gpu|sys)\.acq_rel\.)[.\w]*\.add",))
 PTX_RULES = {"_race_kernel": [({}, (r"div\.rn\.f64",), (r"fma\.rn\.f64",))],
+             "_draws_kernel": [({}, (r"div\.rn\.f64",), (r"fma\.rn\.f64",))],  # the device check's, fusion off
              "_pick_kernel": [({}, (), (r"fma\.rn\.f64",))],
              "linear_partial_kernel": [({"FUSE_SUM": "True"}, *ACQ_REL_ADDS)],
              "attention_partial_kernel": [({"FUSE_MERGE": "True"}, *ACQ_REL_ADDS)]}
@@ -220,12 +221,14 @@ def _tile_settings():
 def _sampling_and_verdicts(vocab: int) -> None:
     import torch
 
+    from gpu_check import _draws_of
     from specdecode import accept
     from specdecode.gpu import noise_kernel
 
     for rows in (1, 5):
         probs = torch.full((rows, vocab), 1.0 / vocab)
         noise_kernel.choose_rows(probs, torch.arange(rows), torch.arange(rows) + 7)
+    _draws_of([(0, 0), (1, 7)], vocab, "cpu", fusion=False)  # the device check's noise kernel (part sampling)
     for drafts in ([[3, 4], [5]], [list(range(15))]):  # blocks of 16 rows and more
         rows = sum(len(d) + 1 for d in drafts)
         firsts = [sum(len(d) + 1 for d in drafts[:i]) for i in range(len(drafts))]
