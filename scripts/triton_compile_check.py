@@ -41,6 +41,12 @@ from pathlib import Path
 
 # Shared memory a block may use (bytes, with the opt-in carve-out) per compute capability; registers per thread
 SHARED_LIMIT = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
+
+
+def shared_limit(arch: int) -> int:
+    """The block's shared memory limit on sm_`arch` (an architecture not in the table: the smallest listed)."""
+    return SHARED_LIMIT.get(arch, min(SHARED_LIMIT.values()))
+
 REGISTERS_PER_BLOCK, REGISTERS_PER_THREAD = 65536, 255
 # What a kernel's PTX must and must not hold (regular expressions), where its constexprs are as `when` says:
 # - the race's noise is the host's bits only without fused multiply-adds (noise_kernel.py; its launches turn fusion
@@ -360,7 +366,7 @@ def compile_entry(job) -> dict:
     except Exception as exc:  # noqa: BLE001  the finding itself: reported, and the others go on
         return row | {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}"}
     registers, spills = _ptxas_report(compiled.asm["ptx"], arch)
-    warps, limit = compiled.metadata.num_warps, SHARED_LIMIT.get(arch, 101376)
+    warps, limit = compiled.metadata.num_warps, shared_limit(arch)
     problems = ptx_problems(entry["name"], row["constexprs"], compiled.asm["ptx"])
     if compiled.metadata.shared > limit:
         problems.append(f"shared memory {compiled.metadata.shared} B > {limit}")
@@ -389,15 +395,16 @@ def _compile_all(launches: list[dict], arch: int, jobs: int) -> list[dict]:
 def _report(rows: list[dict], arch: int, out: Path, command: str) -> int:
     failed = [r for r in rows if r.get("error") or r.get("problems")]
     lines = [f"# Triton kernels compiled for sm_{arch} (no device)", "", f"Command: `{command}`", "",
-             f"{len(rows)} specializations, {len(failed)} failing. Shared memory limit {SHARED_LIMIT.get(arch)} B "
+             f"{len(rows)} specializations, {len(failed)} failing. Shared memory limit {shared_limit(arch)} B "
              f"a block; registers at most {REGISTERS_PER_THREAD} a thread and {REGISTERS_PER_BLOCK} a block.", "",
              "| kernel | PDL | warps | stages | shared B | registers | spill B | constexprs | result |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: (bool(r.get("error") or r.get("problems")) is False, r["kernel"])):
         consts = ", ".join(f"{k}={v}" for k, v in r["constexprs"].items())
         result = r.get("error") or "; ".join(r.get("problems", [])) or "ok"
-        lines.append(f"| {r['kernel']} | {'yes' if r['pdl'] else ''} | {r.get('warps', '')} | {r.get('stages', '')} | "
-                     f"{r.get('shared', '')} | {r.get('registers', '')} | {r.get('spills', '')} | {consts} | {result} |")
+        cells = [r["kernel"], "yes" if r["pdl"] else "", *(r.get(k, "") for k in ("warps", "stages", "shared",
+                                                                              "registers", "spills")), consts, result]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "results.json").write_text(json.dumps(rows, indent=1))
     spilled = [r for r in rows if r.get("spills")]

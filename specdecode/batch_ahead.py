@@ -4,8 +4,9 @@ Where every running request decodes plainly (no drafter, nothing shaping its row
 next pass is its row's argmax, or for a sampled request its row's seeded draw (sampling.choose_rows: the race of
 its noise at its position, in the device's kernel on the GPU path), which the device computes without the host.
 So the batch launches the next pass with those tokens (`Transformer.steps_from_device`: the metadata built on the
-host, where positions are known, and copied from pinned memory), then reads the last pass's argmaxes (one pinned asynchronous copy, queued
-before the next pass: waiting for it waits for the last pass only) and settles it while the device runs the next.
+host, where positions are known, and copied from pinned memory), then reads the last pass's argmaxes (one pinned
+asynchronous copy, queued before the next pass: waiting for it waits for the last pass only) and settles it while
+the device runs the next.
 On a GPU the host's per-request work (verdicts, stop checks, detokenizing, events) then hides behind the device's.
 
 The tokens are those of the batch without it: each row is computed from its own token, position and cache alone

@@ -146,8 +146,9 @@ def test_the_gpu_paths_kernels_compile_for_an_h100_without_one(tmp_path):
     root = SCRIPTS.parent
     env = dict(os.environ, PYTHONPATH=f"{root}:{root / 'tests'}")
     env.pop("TRITON_INTERPRET", None)  # the script's child sets it; the compile step must not have it
-    done = subprocess.run([sys.executable, str(SCRIPTS / "triton_compile_check.py"), "--shapes", "0.5b,gemma3-270m", "--quick",
-                           "--out", str(tmp_path)], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, str(SCRIPTS / "triton_compile_check.py"), "--shapes", "0.5b,gemma3-270m",
+                           "--quick", "--out", str(tmp_path)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())
     kernels = {row["kernel"] for row in rows}
