@@ -50,6 +50,7 @@ class Slot:
         # what drafter builders read (drafters/registry.py)
         self.draft, self.auto_draft_model = engine.draft, engine.auto_draft_model
         self.suffix_store, self.max_context = engine.suffix_store, engine.max_context
+        self.opening, self.draft_opening = engine.opening, engine.draft_opening
 
     def drafter(self, name: str | None) -> Drafter | None:
         return build_drafter(self, self._drafters, name)

@@ -18,6 +18,7 @@ from . import kernels, pass_timings
 from .batch_ahead import LaterRead, has_room, next_row_pays, next_tokens, plain_rows
 from .controls import LogitControls, RowControls
 from .drafters.base import Drafter
+from .drafters.draft_model import DRAFT_PREFILL_CHUNK
 from .drafters.registry import build_drafter
 from .drafters.suffix_store import SuffixStore
 from .drafters.vocab import restrict_draft_vocabulary
@@ -25,6 +26,7 @@ from .errors import InputError, ModelError
 from .grammar import CheckedGrammar, check_grammar
 from .models.loader import LoadedModel
 from .models.transformer import Transformer
+from .opening import Opening, opening_ids
 from .sampling import SamplingParams, int64_to_device
 from .stats import GenerationStats
 from .generation import Generation, StreamEvent
@@ -88,8 +90,11 @@ class Engine:
         allow_inexact: bool = False,
         tuning_params: TuningParams = DEFAULT_TUNING,
         launch_ahead: bool = False,
+        opening: bool | list[int] = True,
     ):
-        """launch_ahead: plain decoding (greedy or sampled) on the GPU path launches each step's pass from the token
+        """opening: the tokens whose keys and values each model reads at load, for every request whose prompt starts
+        with them (opening.py): True for the chat template's opening, a list for those ids, [] for none.
+        launch_ahead: plain decoding (greedy or sampled) on the GPU path launches each step's pass from the token
         the device chose (argmax, seeded draw) before the step before it is read (`_decode_ahead`); the same tokens.
         Off by default until a device run has timed it (scripts/gpu_check.py)."""
         # Where rows of a block are not computed as the row alone, a verify block can round differently from
@@ -136,6 +141,7 @@ class Engine:
         self.last_prompt_ids: list[int] = []
         self._live_generation: object | None = None
         self.launch_ahead = launch_ahead
+        self.opening, self.draft_opening = self._read_opening(opening)
 
     def reset(self) -> None:
         """Forget cached prefixes (benchmarks call this so no method inherits another's prefill).
@@ -148,6 +154,20 @@ class Engine:
             drafter.reset()
 
     # ----------------------------------------------------------------- set-up helpers
+    def _read_opening(self, opening: bool | list[int]) -> tuple[Opening | None, Opening | None]:
+        """The opening read into the target and the draft model, now, before any request (opening.py says why)."""
+        if opening is True:
+            ids = opening_ids(self.encode_prompt) if self.tokenizer.has_chat_template else []
+        else:
+            ids = list(opening or [])
+        target = self.target.model
+        ours = Opening.read(target, ids, self.prefill_chunk) if isinstance(target, Transformer) else None
+        draft = self.draft.model if self.draft is not None else None
+        if draft is target:
+            return ours, ours
+        theirs = Opening.read(draft, ids, DRAFT_PREFILL_CHUNK) if isinstance(draft, Transformer) else None
+        return ours, theirs
+
     def drafter(self, name: str | Drafter | None) -> Drafter | None:
         """The engine's drafter of that name (made once, kept with its state), or None for plain decoding."""
         return build_drafter(self, self._drafters, name)

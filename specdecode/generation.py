@@ -68,10 +68,13 @@ class Generation:
     def reuse_prefix(self) -> list[int]:
         """Roll the slot's cache back to the prefix it shares with this prompt; returns the tokens still to read
         (the prompt but its last token, which the first step feeds)."""
-        keep = common_prefix_len(self.slot.cached_ids, self.prompt_ids[:-1])
-        self.slot.cache.truncate(keep)
-        del self.slot.cached_ids[keep:]
-        return self.prompt_ids[keep:-1]
+        slot, read = self.slot, self.prompt_ids[:-1]
+        keep = common_prefix_len(slot.cached_ids, read)
+        slot.cache.truncate(keep)
+        del slot.cached_ids[keep:]
+        if slot.opening is not None:  # the template's opening, read at load (opening.py)
+            slot.opening.restore(slot.cache, slot.cached_ids, read)
+        return read[len(slot.cached_ids):]
 
     def read(self, chunk: list[int]) -> None:
         """`chunk` was just written to the cache by a target pass."""

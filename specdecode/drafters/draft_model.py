@@ -18,6 +18,9 @@ from ..sampling import PositionNoise, SamplingParams, probabilities
 from .base import ChainRound, Draft, Drafter, DrafterTraits, DraftSteps, StopRule, run_alone
 
 
+DRAFT_PREFILL_CHUNK = 1024  # prompt tokens a draft model reads per pass
+
+
 def common_prefix_len(a: list[int], b: list[int]) -> int:
     limit = min(len(a), len(b))
     i = 0
@@ -46,10 +49,12 @@ class DraftModelDrafter(Drafter):
     name = "draft"
     traits = DrafterTraits(stop_rule=True, reads_prompt=True)
 
-    def __init__(self, model, max_len: int, prefill_chunk: int = 1024):
+    def __init__(self, model, max_len: int, opening=None, prefill_chunk: int = DRAFT_PREFILL_CHUNK):
+        """opening: the model's opening.Opening (its rows copied where a context starts with it), or None."""
         self.model = model
         self.cache = model.new_cache(max_len)
         self.cached: list[int] = []  # the tokens whose keys/values the draft cache holds, in order
+        self.opening = opening
         self.prefill_chunk = prefill_chunk
         self.last_sync_tokens = 0  # tokens the last propose had to feed before drafting (1-2 normally)
         # Ids the draft has embedding rows for: a target with a longer padded table may emit (or be given) one
@@ -72,10 +77,13 @@ class DraftModelDrafter(Drafter):
         """Make the cache hold exactly `tokens`, reusing the common prefix; logits after the last one fed.
         A generator of the draft passes it needs (see the module's docstring)."""
         self.read_ahead = None
-        keep = min(common_prefix_len(self.cached, tokens), len(tokens) - 1 if logits != "none" else len(tokens))
+        limit = len(tokens) - 1 if logits != "none" else len(tokens)
+        keep = min(common_prefix_len(self.cached, tokens), limit)
         self.cache.truncate(keep)
         del self.cached[keep:]
-        pending = tokens[keep:]
+        if self.opening is not None:
+            self.opening.restore(self.cache, self.cached, tokens[:limit])
+        pending = tokens[len(self.cached):]
         self.last_sync_tokens = len(pending)
         if self.rows is not None and pending and max(pending) >= self.rows:
             return None
@@ -114,7 +122,10 @@ class DraftModelDrafter(Drafter):
             run_alone(self._feed(context[:-1], logits="none"))
 
     def unread_tokens(self, context: list[int]) -> int:
-        return max(0, len(context) - 1 - common_prefix_len(self.cached, context[:-1]))
+        held = common_prefix_len(self.cached, context[:-1])
+        if self.opening is not None:
+            held = max(held, min(self.opening.covers(context[:-1]), self.cache.max_len))
+        return max(0, len(context) - 1 - held)
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,
                 stop_rule: StopRule | None = None) -> Draft:
@@ -246,8 +257,8 @@ class TreeDrafter(DraftModelDrafter):
     # where likely enough, the runner-up.
     traits = DrafterTraits(greedy_only=True, tokens_per_depth=2, reads_prompt=True)
 
-    def __init__(self, model, max_len: int, branch_min_prob: float = 0.1):
-        super().__init__(model, max_len)
+    def __init__(self, model, max_len: int, opening=None, branch_min_prob: float = 0.1):
+        super().__init__(model, max_len, opening)
         self.branch_min_prob = branch_min_prob
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,

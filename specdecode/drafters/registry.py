@@ -36,9 +36,9 @@ DRAFTERS: dict[str, DrafterSpec] = {
                     "copy what followed an earlier occurrence of the recent tokens (no model)"),
         DrafterSpec("suffix", False, lambda engine: SuffixDrafter(engine.suffix_store),
                     "prompt lookup over this request and the same client's earlier requests (no model)"),
-        DrafterSpec("draft", True, lambda engine: DraftModelDrafter(engine.draft.model, engine.max_context),
+        DrafterSpec("draft", True, lambda engine: DraftModelDrafter(engine.draft.model, engine.max_context, engine.draft_opening),
                     "a small model of the same tokenizer drafts a chain"),
-        DrafterSpec("tree", True, lambda engine: TreeDrafter(engine.draft.model, engine.max_context),
+        DrafterSpec("tree", True, lambda engine: TreeDrafter(engine.draft.model, engine.max_context, engine.draft_opening),
                     "the draft model's top-2 token tree (greedy only)"),
     )
 }
