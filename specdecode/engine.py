@@ -146,7 +146,8 @@ class Engine:
     def reset(self) -> None:
         """Forget cached prefixes (benchmarks call this so no method inherits another's prefill).
 
-        What the engine has learned about the models (costs, draft calibration, drafting speedup) is kept.
+        What the engine has learned about the models (costs, draft calibration, drafting speedup) is kept, and so is
+        the template's opening (read at load, the same for every request: opening.py).
         """
         self.cache.truncate(0)
         self.cached_ids = []

@@ -16,6 +16,7 @@ import torch
 
 from .cache import KVCache
 from .drafters.draft_model import common_prefix_len
+from .errors import InputError
 
 # First characters of a user message that tokenizers may merge with the header before it (a newline after a
 # newline, a space, a letter, a digit, punctuation, another script): the opening is what all renders share.
@@ -27,7 +28,7 @@ def opening_ids(encode_chat) -> list[int]:
     encodes a chat as the engine does. [] where the template renders no such chat."""
     try:
         renders = [encode_chat([{"role": "user", "content": text}]) for text in SAMPLE_MESSAGES]
-    except Exception:  # a template that refuses a lone user message reads no opening: prompts read as before
+    except InputError:  # a template that refuses a lone user message reads no opening: prompts read as before
         return []
     shared = min(common_prefix_len(renders[0], other) for other in renders[1:])
     return renders[0][:shared]
@@ -56,16 +57,17 @@ class Opening:
             model(torch.tensor(ids[start : start + chunk], device=device), cache, logits="none")
         return cls(ids, cache)
 
-    def covers(self, tokens: list[int]) -> int:
-        """How many of `tokens`' first tokens the opening holds."""
-        return common_prefix_len(self.ids, tokens)
+    def covers(self, tokens: list[int], cache: KVCache | None = None) -> int:
+        """How many of `tokens`' first tokens the opening holds (as many as `cache` has room for, where given)."""
+        shared = common_prefix_len(self.ids, tokens)
+        return shared if cache is None else min(shared, cache.max_len)
 
     def restore(self, cache: KVCache, cached: list[int], tokens: list[int]) -> None:
         """`cache` holds `cached`, a prefix of `tokens` (what it is about to hold): where `tokens` start with more of
         the opening than that, the opening's rows are copied in and `cached` extended to match."""
         if len(cached) >= len(self.ids):  # every step of a request: it holds the whole opening already
             return
-        shared = min(self.covers(tokens), cache.max_len)
+        shared = self.covers(tokens, cache)
         if shared > len(cached):
             cache.copy_prefix(self.cache, shared)
             cached.extend(tokens[len(cached) : shared])

@@ -124,7 +124,7 @@ class DraftModelDrafter(Drafter):
     def unread_tokens(self, context: list[int]) -> int:
         held = common_prefix_len(self.cached, context[:-1])
         if self.opening is not None:
-            held = max(held, min(self.opening.covers(context[:-1]), self.cache.max_len))
+            held = max(held, self.opening.covers(context[:-1], self.cache))
         return max(0, len(context) - 1 - held)
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams, noise: PositionNoise,

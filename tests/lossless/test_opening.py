@@ -91,7 +91,7 @@ def test_the_checks_catch_an_opening_with_wrong_rows(twin, monkeypatch):
         monkeypatch.setattr(Opening, "read", classmethod(read_other))
     else:
         def copy_short(self, cache, cached, tokens):
-            shared = min(self.covers(tokens), cache.max_len)
+            shared = self.covers(tokens, cache)
             if shared > len(cached):
                 cache.copy_prefix(self.cache, shared - 1)
                 cache.length = shared
