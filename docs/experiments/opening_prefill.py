@@ -37,9 +37,10 @@ def draft_read(engine, messages) -> float:
     return time.perf_counter() - start
 
 
-styles: dict[str, int] = {}
-prompts = [p for p in short_prompts() if styles.setdefault(p.category, 0) < args.limit and not
-           styles.__setitem__(p.category, styles[p.category] + 1)]
+by_style: dict[str, list] = {}
+for prompt in short_prompts():
+    by_style.setdefault(prompt.category, []).append(prompt)
+prompts = [prompt for style in by_style.values() for prompt in style[: args.limit]]
 table = {(what, arm): [] for what in ("target", "draft") for arm in ("on", "off")}
 for prompt in prompts:
     messages = [{"role": "user", "content": prompt.turns[0]}]
