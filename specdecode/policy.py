@@ -42,8 +42,9 @@ class CostModel:
     single-step terms, moves with it; the block's ratio to the single step holds.
     """
 
-    def __init__(self, smoothing: float = DEFAULT.cost_smoothing):
+    def __init__(self, smoothing: float = DEFAULT.cost_smoothing, stall: float = DEFAULT.cost_stall):
         self.smoothing = smoothing
+        self.stall = stall
         self.target: dict[int, float] = {}  # as timed (smoothed); read through target_cost
         self.single_at: dict[int, float] = {}  # block size -> the single step's estimate when it was timed
         self.draft: dict[str, float] = {}  # as timed (smoothed); read through draft_cost
@@ -52,7 +53,12 @@ class CostModel:
         self.since_single = SINGLE_STALE_AFTER
 
     def _mix(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+        """One timing's step toward `new`. A pass that took over `stall` times its estimate was stalled (another
+        process had the cores, page faults): it counts as `stall` times. Unclipped, one 5x stall of a two-row verify
+        made a one-token copy look dear for good, as a size the policy avoids is never timed again."""
+        if old is None:
+            return new
+        return (1 - self.smoothing) * old + self.smoothing * min(new, self.stall * old)
 
     def _scaled(self, block: int) -> float:
         """The estimate for block in today's single-step terms."""
@@ -313,7 +319,7 @@ class DraftStopRule(StopRule):
     """
 
     def __init__(self, costs: CostModel, drafter: str, calibration: ConfidenceCalibration, min_confidence: float = 0.0,
-                 params: TuningParams = DEFAULT, cap: ChainCap | None = None):
+                 params: TuningParams = DEFAULT, cap: ChainCap | None = None, probes: bool = False):
         self.costs = costs
         self.params = params
         self.drafter = drafter
@@ -322,6 +328,8 @@ class DraftStopRule(StopRule):
         self.cap = cap  # a draft model's chains: at most cap.value tokens (None: no cap)
         self.first_expected = 0.0  # decayed sums over this generation's first draft tokens
         self.first_accepted = 0.0
+        self.probes = probes  # copies: a refused first token is verified anyway now and then (first_or_probe)
+        self.refused = 0  # first tokens refused in a row
 
     def acceptance(self, confidence: float) -> float:
         return self.calibration(confidence)
@@ -356,7 +364,20 @@ class DraftStopRule(StopRule):
         if step is None:
             return True
         expected = self.acceptance(confidence) * (self.first_token_factor() if drafted == 0 else 1.0)
-        return chain_prob * expected * step > self._marginal_verify(drafted)
+        keep = chain_prob * expected * step > self._marginal_verify(drafted)
+        return self.first_or_probe(keep) if drafted == 0 and self.probes else keep
+
+    def first_or_probe(self, keep: bool) -> bool:
+        """A copy's first token: kept where the rule keeps it, and else once `params.copy_probe_every` were refused
+        in a row (a probe: one token, one more verify row). The rule learns only from what it lets through, so without
+        probes a calibration or a verify cost gone wrong is never corrected: one stalled two-row pass made short
+        copies look dear, only long ones were tried, they failed too, and auto drafted nothing for the rest of a
+        54-prompt run where the same prompts, asked fresh, ran 1.15x faster copying (issue 66)."""
+        self.refused = 0 if keep else self.refused + 1
+        if self.refused >= self.params.copy_probe_every > 0:
+            self.refused = 0
+            return True
+        return keep
 
     def extend(self, drafted: int, chain_prob: float, confidence: float) -> bool:
         """After keeping `drafted` tokens with this chain_prob, is another draft pass worth paying?"""

@@ -18,6 +18,7 @@ from .tuning_params import DEFAULT, TuningParams
 
 
 LEARNED_NAMESPACES = 256  # namespaces whose Learned a Tuner keeps, the most recently used
+COPY_SOURCES = ("lookup", "store")  # sources whose drafts cost no pass: a refused copy is probed now and then
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Learned:
 class Tuner:
     def __init__(self, params: TuningParams = DEFAULT):
         self.params = params
-        self.costs = CostModel(params.cost_smoothing)
+        self.costs = CostModel(params.cost_smoothing, params.cost_stall)
         self.draft_prefill_cost: dict[str, float] = {}  # seconds per prompt token, measured on lazy prefills
         self._learned: OrderedDict[str | None, Learned] = OrderedDict()
 
@@ -106,7 +107,8 @@ class GenerationTuning:
 
     def rule_for(self, source: str, min_confidence: float = 0.0) -> DraftStopRule:
         cap = self.model_cap if source == "draft" else None  # "draft": the model's source, alone or in auto
-        return DraftStopRule(self.costs, source, self._calibration(source), min_confidence, self.params, cap)
+        return DraftStopRule(self.costs, source, self._calibration(source), min_confidence, self.params, cap,
+                             probes=source in COPY_SOURCES)
 
     def _calibration(self, source: str) -> ConfidenceCalibration:
         calibrations = self.learned.calibrations

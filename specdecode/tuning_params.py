@@ -13,6 +13,7 @@ from dataclasses import dataclass
 class TuningParams:
     # --- measured costs (CostModel)
     cost_smoothing: float = 0.2  # weight of a new timing in a block size's running cost: one slow pass moves it a fifth
+    cost_stall: float = 2.0  # a timing over this multiple of the estimate counts as this multiple: a stall, not a cost
 
     # --- acceptance of i.i.d. drafts (AcceptanceEstimate)
     acceptance_prior: float = 0.6  # before any evidence: a typical draft's per-token acceptance
@@ -22,6 +23,7 @@ class TuningParams:
     # --- whether drafting pays (DraftLengthPolicy)
     probe_every: int = 12  # after this many plain steps (or refused chances), drafting is tried once more
     probe_k: int = 2  # an i.i.d. probe drafts this many tokens: cheap, and enough to see acceptance return
+    copy_probe_every: int = 12  # a copy source's first token refused this many times in a row is verified anyway
     rate_decay: float = 0.85  # per drafting step, for the measured tokens/second of drafting steps
     prior_speedup: float = 1.2  # a new drafter is assumed to run this much faster than plain decoding ...
     prior_steps: float = 3.0  # ... worth this many steps, so one unlucky step does not switch drafting off

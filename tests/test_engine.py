@@ -306,6 +306,32 @@ def test_a_long_prompt_is_read_by_the_draft_model_only_once_the_answer_shows_it_
     assert result.token_ids == plain.token_ids[: len(result.token_ids)]
 
 
+@pytest.mark.parametrize("drafter", ["lookup", "auto"])
+@pytest.mark.parametrize("probe_every", [12, 0])
+def test_copies_refused_by_a_wrong_verify_cost_are_still_probed(pair, monkeypatch, drafter, probe_every):
+    """Verify rows estimated three steps dear (as one stalled pass could leave a size the policy then avoids): no
+    copy can repay one, and with nothing verified nothing corrects the estimate. A copy source probes a single token
+    after `copy_probe_every` refusals in a row, and the answer stays plain decoding's; without probes (0) nothing is
+    drafted."""
+    from specdecode.tuning_params import TuningParams
+
+    engine = Engine(as_loaded(pair[0], name="target"), as_loaded(pair[1], name="draft"), max_context=128,
+                    check_invariants=True, tuning_params=TuningParams(copy_probe_every=probe_every))
+    monkeypatch.setattr(engine.tuner.costs, "record_target", lambda *a: None)  # the planted costs stay as set
+    monkeypatch.setattr(engine.tuner.costs, "record_draft", lambda *a: None)
+    for n in range(1, 17):
+        engine.tuner.costs.target[n] = 0.01 + 0.03 * (n - 1)
+    engine.tuner.costs.draft["draft"] = 0.001
+    plain = engine.generate(PROMPT, drafter="none", max_new_tokens=80)
+    result = engine.generate(PROMPT, drafter=drafter, k="auto", max_new_tokens=80)
+    assert result.token_ids == plain.token_ids
+    if not probe_every:
+        assert result.stats.drafted == 0
+    else:
+        assert result.stats.drafted > 0 and set(result.stats.steps_by_k) == {0, 1}, result.stats.steps_by_k
+        assert result.stats.steps_by_k[0] >= (probe_every - 1) * result.stats.steps_by_k[1]
+
+
 def test_a_pinned_k_always_drafts(engine):
     known_costs(engine, draft_prefill_per_token=1.0)
     result = engine.generate(PROMPT * 3, drafter="draft", k=2, max_new_tokens=6)

@@ -81,9 +81,28 @@ def test_one_outlier_block_moves_a_stale_single_step_by_the_smoothing_only():
     for _ in range(40):
         model.record_target(2, _quiet_cost(2))
     single, ratio = model.target_cost(1), model.target_cost(16) / model.target_cost(1)
-    model.record_target(2, 3 * model.target_cost(2))
-    assert model.target_cost(1) == pytest.approx((0.8 + 0.2 * 3) * single)
+    model.record_target(2, 1.5 * model.target_cost(2))
+    assert model.target_cost(1) == pytest.approx((0.8 + 0.2 * 1.5) * single)
     assert model.target_cost(16) / model.target_cost(1) == pytest.approx(ratio)
+
+
+@pytest.mark.parametrize("stall", [3.0, 5.0, 50.0])
+def test_a_stalled_pass_counts_as_twice_its_estimate_at_most(stall):
+    """A two-row verify that stalled 5x (another process, page faults) moved its estimate 1.8x: short copies then
+    looked dear, the policy stopped verifying two rows, and the size was never timed again. A stall is not a cost:
+    a timing over twice the estimate counts as twice it, so one moves an estimate by a fifth at most; a machine
+    that stays slower is still followed, a fifth of the way per timing."""
+    model = costs(step=0.03, per_token=0.002, draft=0.01)
+    model.record_target(1, model.target_cost(1))  # a single step just timed: the level is fresh
+    single, pair, draft = model.target_cost(1), model.target_cost(2), model.draft_cost("draft")
+    model.record_draft("draft", stall * draft)
+    assert model.draft_cost("draft") == pytest.approx(1.2 * draft)
+    model.record_target(2, stall * pair)
+    assert model.target_cost(2) == pytest.approx(1.2 * pair)
+    assert model.target_cost(1) == single
+    for _ in range(20):  # three times slower for good: followed within twenty timings
+        model.record_target(1, 3 * single)
+    assert model.target_cost(1) == pytest.approx(3 * single, rel=0.01)
 
 
 def test_calibration_starts_at_the_bin_centre_and_learns_the_measured_rate():
@@ -136,6 +155,24 @@ def test_stop_rule_starts_drafts_by_this_generations_record_not_only_the_pooled_
     # Within a draft that has started, the pooled calibration alone judges the next tokens: copies that
     # start run on.
     assert rule.keep(1, 0.9, 0.35)
+
+
+@pytest.mark.parametrize("probes", [True, False])
+def test_a_copy_refused_a_dozen_times_in_a_row_is_verified_once_anyway(probes):
+    """A stop rule learns only from what it lets through. Where it refuses every copy (a verify row estimated 1.5
+    steps dear: no copy can repay it), a copy source verifies one token after `copy_probe_every` refusals in a row, and
+    its timing and verdict correct what went wrong; a draft model's rule (whose first token costs a pass) does not."""
+    model = costs(step=0.03, per_token=0.045)
+    rule = DraftStopRule(model, "lookup", ConfidenceCalibration(), probes=probes)
+    every = rule.params.copy_probe_every
+    kept = [rule.keep(0, 1.0, 0.95) for _ in range(3 * every)]
+    assert kept == ([False] * (every - 1) + [True]) * 3 if probes else not any(kept)
+    assert not rule.keep(1, 0.95, 0.95)  # past its first token a probe is judged as any draft: one token
+    rule = DraftStopRule(costs(), "lookup", ConfidenceCalibration(), probes=probes)
+    for _ in range(every - 1):  # a copy the rule keeps restarts the count
+        assert not rule.keep(0, 1.0, 0.05)
+    assert rule.keep(0, 1.0, 0.95)
+    assert not rule.keep(0, 1.0, 0.05)
 
 
 def test_stop_rule_honours_a_minimum_confidence_after_the_first_token():
