@@ -55,7 +55,7 @@ class CostModel:
     def _mix(self, old: float | None, new: float) -> float:
         """One timing's step toward `new`. A pass that took over `stall` times its estimate was stalled (another
         process had the cores, page faults): it counts as `stall` times. Unclipped, one 5x stall of a two-row verify
-        made a one-token copy look dear for good, as a size the policy avoids is never timed again."""
+        makes a one-token copy look dear for good, as a size the policy then avoids is never timed again."""
         if old is None:
             return new
         return (1 - self.smoothing) * old + self.smoothing * min(new, self.stall * old)
@@ -370,9 +370,9 @@ class DraftStopRule(StopRule):
     def first_or_probe(self, keep: bool) -> bool:
         """A copy's first token: kept where the rule keeps it, and else once `params.copy_probe_every` were refused
         in a row (a probe: one token, one more verify row). The rule learns only from what it lets through, so without
-        probes a calibration or a verify cost gone wrong is never corrected: one stalled two-row pass made short
-        copies look dear, only long ones were tried, they failed too, and auto drafted nothing for the rest of a
-        54-prompt run where the same prompts, asked fresh, ran 1.15x faster copying (issue 66)."""
+        probes a calibration or a verify cost gone wrong is never corrected: one 54-prompt run had auto draft nothing,
+        not even copies, from its 13th prompt on (1.02x plain), and one stalled two-row pass planted at the start
+        reproduces that (short copies look dear, the long ones still tried fail too; docs/experiments/copy_probes.py)."""
         self.refused = 0 if keep else self.refused + 1
         if self.refused >= self.params.copy_probe_every > 0:
             self.refused = 0
