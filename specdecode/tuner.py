@@ -175,12 +175,16 @@ class GenerationTuning:
         self.unread_prompt = 0
 
     def _record_prefill_cost(self, name: str, seconds: float, tokens: int) -> None:
-        """A draft model read `tokens` context tokens in `seconds`: its cost per token to read a prompt."""
+        """A draft model read `tokens` context tokens in `seconds`: its cost per token to read a prompt. A read over
+        `params.cost_stall` times the estimate counts as that multiple, as a pass does (CostModel._mix): a stalled
+        read made later reads look dear, and the reads refused are the measurements that would have corrected it."""
         if tokens >= self.params.prefill_min_tokens:
             old = self.tuner.draft_prefill_cost.get(name)
             per_token = seconds / tokens
-            keep = self.params.prefill_cost_keep
-            self.tuner.draft_prefill_cost[name] = per_token if old is None else keep * old + (1 - keep) * per_token
+            if old is not None:
+                keep = self.params.prefill_cost_keep
+                per_token = keep * old + (1 - keep) * min(per_token, self.params.cost_stall * old)
+            self.tuner.draft_prefill_cost[name] = per_token
 
     def _observe_catch_up(self, step, source: str) -> None:
         """auto's draft model reads the prompt on its first proposal: that proposal's time, less its later passes,

@@ -405,3 +405,19 @@ def test_auto_reads_the_prompt_into_its_model_only_once_the_answer_can_repay_the
         return later.model_pays([1])
 
     assert [pays_after(n) for n in (0, 16, 18, 19, 30)] == [False, False, False, True, True]
+
+
+def test_a_stalled_prompt_read_counts_as_twice_the_read_cost_at_most():
+    """A read of 50 tokens that stalled (7.8 ms a token against 2.5 ms on a Zen 4 VM) moved the cost per token half
+    way: later reads looked dear and were refused, and a refused read is never timed. It counts as twice at most."""
+    from specdecode.drafters.base import Draft
+    from specdecode.step import StepResult
+
+    tuning = _auto_tuning()
+    read = Draft(tokens=[1], forward_passes=1, catch_up=50, source="draft", confidences=[0.9])
+    tuning.observe(StepResult([1], [], read, draft_seconds=0.5, verify_seconds=0.3))
+    assert tuning.tuner.draft_prefill_cost["draft"] == pytest.approx(0.01)
+    tuning.observe(StepResult([1], [], read, draft_seconds=5.0, verify_seconds=0.3))  # 10x: a stall
+    assert tuning.tuner.draft_prefill_cost["draft"] == pytest.approx(0.015)
+    tuning.observe(StepResult([1], [], read, draft_seconds=0.25, verify_seconds=0.3))  # faster reads count in full
+    assert tuning.tuner.draft_prefill_cost["draft"] == pytest.approx(0.01)
