@@ -372,7 +372,8 @@ class DraftStopRule(StopRule):
         in a row (a probe: one token, one more verify row). The rule learns only from what it lets through, so without
         probes a calibration or a verify cost gone wrong is never corrected: one 54-prompt run had auto draft nothing,
         not even copies, from its 13th prompt on (1.02x plain), and one stalled two-row pass planted at the start
-        reproduces that (short copies look dear, the long ones still tried fail too; docs/experiments/copy_probes.py)."""
+        reproduces that (short copies look dear, the long ones still tried fail too:
+        docs/experiments/copy_probes.py)."""
         self.refused = 0 if keep else self.refused + 1
         if self.refused >= self.params.copy_probe_every > 0:
             self.refused = 0

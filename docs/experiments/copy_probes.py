@@ -1,11 +1,12 @@
-"""What a stalled pass did to auto's copies, and what copy probes and the stall clip change, in one process.
+"""What a stalled pass does to auto's copies, and what copy probes and the stall clip change, in one process.
 
 Arms, each an engine of its own (its own measured costs and per-client record) over the same loaded models, each
 answering the short suite's prompts in turn in one namespace, as one client would (64 new tokens, greedy):
 plain decoding; auto as before this change (`copy_probe_every=0`, `cost_stall=inf`) and as now; and both again after
 one stalled two-row verify (5x its cost) at the start, planted through the cost model's own `record_target` right
-after a single step, as a stall on a busy machine between drafting steps reaches it. The order of the arms rotates per prompt. Different processes on these 2-core
-machines differ by up to a third, so all arms share one process and one machine moment.
+after a single step, as a stall on a busy machine between drafting steps reaches it. The order of the arms rotates
+per prompt. Different processes on these 2-core machines differ by up to a third, so all arms share one process and
+one machine moment.
 
     .venv/bin/python docs/experiments/copy_probes.py [--limit 6] [--stall 5] [--suite short] [--arms before,now,...]
 """
