@@ -20,6 +20,11 @@ from .tuning_params import DEFAULT, TuningParams
 SINGLE_STALE_AFTER = 4
 
 
+def unstalled(timing: float, estimate: float, stall: float) -> float:
+    """A timing as it counts against its estimate: at most `stall` times it (more was a stall, not a cost)."""
+    return min(timing, stall * estimate)
+
+
 class CostModel:
     """Running estimates (seconds) of target pass cost per block size and draft pass cost per drafter.
 
@@ -58,7 +63,7 @@ class CostModel:
         makes a one-token copy look dear for good, as a size the policy then avoids is never timed again."""
         if old is None:
             return new
-        return (1 - self.smoothing) * old + self.smoothing * min(new, self.stall * old)
+        return (1 - self.smoothing) * old + self.smoothing * unstalled(new, old, self.stall)
 
     def _scaled(self, block: int) -> float:
         """The estimate for block in today's single-step terms."""

@@ -12,7 +12,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .drafters.base import Drafter, StopRule
-from .policy import ChainCap, ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule, MinConfidenceRule
+from .policy import (ChainCap, ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule, MinConfidenceRule,
+                     unstalled)
 from .stats import GenerationStats
 from .tuning_params import DEFAULT, TuningParams
 
@@ -183,7 +184,7 @@ class GenerationTuning:
             per_token = seconds / tokens
             if old is not None:
                 keep = self.params.prefill_cost_keep
-                per_token = keep * old + (1 - keep) * min(per_token, self.params.cost_stall * old)
+                per_token = keep * old + (1 - keep) * unstalled(per_token, old, self.params.cost_stall)
             self.tuner.draft_prefill_cost[name] = per_token
 
     def _observe_catch_up(self, step, source: str) -> None:
