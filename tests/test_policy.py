@@ -408,8 +408,9 @@ def test_auto_reads_the_prompt_into_its_model_only_once_the_answer_can_repay_the
 
 
 def test_a_stalled_prompt_read_counts_as_twice_the_read_cost_at_most():
-    """A read of 50 tokens that stalled (7.8 ms a token against 2.5 ms on a Zen 4 VM) moved the cost per token half
-    way: later reads looked dear and were refused, and a refused read is never timed. It counts as twice at most."""
+    """A stalled read moved the cost per token half way (on a Zen 4 VM the estimate went from ~2.5 to 7.8 ms a token
+    within two requests): later reads looked dear and were refused, and a refused read is never timed. A read counts
+    as twice the estimate at most."""
     from specdecode.drafters.base import Draft
     from specdecode.step import StepResult
 
