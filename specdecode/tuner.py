@@ -12,6 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .drafters.base import Drafter, StopRule
+from .drafters.suffix import SuffixDrafter
 from .policy import (ChainCap, ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule, MinConfidenceRule,
                      unstalled)
 from .stats import GenerationStats
@@ -19,7 +20,6 @@ from .tuning_params import DEFAULT, TuningParams
 
 
 LEARNED_NAMESPACES = 256  # namespaces whose Learned a Tuner keeps, the most recently used
-COPY_SOURCES = ("lookup", "store")  # sources whose drafts cost no pass: a refused copy is probed now and then
 
 
 @dataclass
@@ -108,8 +108,9 @@ class GenerationTuning:
 
     def rule_for(self, source: str, min_confidence: float = 0.0) -> DraftStopRule:
         cap = self.model_cap if source == "draft" else None  # "draft": the model's source, alone or in auto
+        # copies (this request's text, earlier requests') cost no pass: a refused one is probed now and then
         return DraftStopRule(self.costs, source, self._calibration(source), min_confidence, self.params, cap,
-                             probes=source in COPY_SOURCES)
+                             probes=source in SuffixDrafter.sources)
 
     def _calibration(self, source: str) -> ConfidenceCalibration:
         calibrations = self.learned.calibrations

@@ -23,7 +23,7 @@ class AutoDrafter(Drafter):
     def __init__(self, copier: SuffixDrafter, model: DraftModelDrafter | None = None):
         self.copier = copier
         self.model = model
-        self.sources = ("lookup", "store") + (("draft",) if model is not None else ())
+        self.sources = copier.sources + (("draft",) if model is not None else ())
 
     @property
     def model_drafter(self) -> DraftModelDrafter | None:
