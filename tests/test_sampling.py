@@ -7,7 +7,8 @@ import torch
 
 from specdecode.engine import Engine
 from specdecode.errors import InputError
-from specdecode.sampling import PositionNoise, SamplingParams, neg_log, probabilities
+from specdecode import sampling
+from specdecode.sampling import PositionNoise, SamplingParams, neg_log, nucleus_floor, probabilities
 from testlib import as_loaded, make_tiny_model
 
 
@@ -108,6 +109,30 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p(top_p):
         kept = torch.nonzero(probs[row]).flatten().tolist()
         assert set(kept) == set(expected)
         torch.testing.assert_close(probs[row, expected], full[row, expected] / full[row, expected].sum())
+
+
+@pytest.mark.parametrize("top_p", [1e-6, 0.3, 0.9, 0.95, 0.999, 0.9999999])
+def test_the_nucleus_found_in_a_partial_ranking_is_the_full_sorts(top_p, monkeypatch):
+    """On the host the nucleus is looked for in the top 64, then 1024 ranks before the whole vocabulary is sorted;
+    each row's floor must be the bits the full sort gives, whatever the other rows of the call need: here rows from
+    a one-token peak to nearly uniform over 151,936 tokens (Qwen's vocabulary), in one call and one at a time."""
+    generator = torch.Generator().manual_seed(5)
+    scales = torch.tensor([[40.0], [6.0], [3.0], [1.0], [0.05]])
+    probs = (torch.randn(5, 151936, generator=generator) * scales).softmax(-1)
+    together = nucleus_floor(probs, top_p)
+    alone = torch.cat([nucleus_floor(probs[row : row + 1], top_p) for row in range(5)])
+    monkeypatch.setattr(sampling, "NUCLEUS_HEADS", ())
+    full = nucleus_floor(probs, top_p)
+    assert torch.equal(together, full) and torch.equal(alone, full)
+
+
+def test_equal_probabilities_at_the_nucleus_edge_are_kept_together():
+    """Tokens 3, 7 and 9 tie for second place; the nucleus reaches top_p at the first of them in any order, so all
+    three stay (a sort orders ties as it likes: keeping one of them would make the kept set depend on it)."""
+    logits = torch.full((1, 12), -30.0)
+    logits[0, 5], logits[0, [3, 7, 9]] = 2.0, 1.0
+    probs = probabilities(logits, SamplingParams(temperature=1.0, top_p=0.5))
+    assert sorted(torch.nonzero(probs[0]).flatten().tolist()) == [3, 5, 7, 9]
 
 
 def test_tiny_top_p_is_argmax_and_top_p_one_is_a_no_op():
