@@ -2,6 +2,7 @@
 noise that samples from the result (PositionNoise; its race also runs on the device: gpu/noise_kernel.py)."""
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 import sys
@@ -180,10 +181,15 @@ class PositionNoise:
 
     @staticmethod
     def _mix(z: np.ndarray) -> np.ndarray:
-        """splitmix64's finaliser: a bijection of 64-bit words whose output bits look independent."""
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(SPLITMIX_MULTIPLIERS[0])
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(SPLITMIX_MULTIPLIERS[1])
-        return z ^ (z >> np.uint64(31))
+        """splitmix64's finaliser: a bijection of 64-bit words whose output bits look independent. In place on one
+        copy of z: a vocabulary's words are 1.2 MB, and a fresh array per operation took most of a row's race."""
+        z = np.array(z, dtype=np.uint64)
+        shifted = np.empty_like(z)
+        for shift, multiplier in zip((30, 27), SPLITMIX_MULTIPLIERS):
+            z ^= np.right_shift(z, np.uint64(shift), out=shifted)
+            z *= np.uint64(multiplier)
+        z ^= np.right_shift(z, np.uint64(31), out=shifted)
+        return z
 
     def _position_key(self, position: int) -> np.uint64:
         """The key of one position's draws: a keyed hash of (seed, position), key = seed, counter = position.
@@ -200,12 +206,18 @@ class PositionNoise:
         """E(position, i) for each token id: independent Exp(1) draws, the same on every call."""
         return neg_log(self._uniforms(position, token_ids))  # not np.log: the device draws the same bits (neg_log)
 
-    def _uniforms(self, position: int, token_ids: np.ndarray) -> np.ndarray:
-        """The uniforms in (0, 1] whose -log are the draws of `exponentials`."""
+    def _uniforms(self, position: int, token_ids: np.ndarray, words: np.ndarray | None = None) -> np.ndarray:
+        """The uniforms in (0, 1] whose -log are the draws of `exponentials`. words: the tokens' half of the hash
+        (`token_words(vocab)[token_ids]`), where the caller has it."""
         with np.errstate(over="ignore"):
-            key = self._position_key(position)
-            bits = self._mix(key ^ self._mix(token_ids.astype(np.uint64) * self._GOLDEN + np.uint64(1)))
-        return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+            if words is None:
+                words = self._mix(token_ids.astype(np.uint64) * self._GOLDEN + np.uint64(1))
+            bits = self._mix(words ^ self._position_key(position))
+            bits >>= np.uint64(11)
+        uniforms = bits.astype(np.float64)
+        uniforms += 0.5
+        uniforms *= 2.0**-53
+        return uniforms
 
     @property
     def key_bits(self) -> int:
@@ -228,14 +240,28 @@ class PositionNoise:
         support = np.flatnonzero(p > 0)  # tokens outside top-k / top-p cannot win
         if support.size == 0:
             return -1
+        words = token_words(p.size)
         # The race with NumPy's log first: neg_log, the draws' definition, costs ~50x more over a whole vocabulary
         # (9 ms a row), and the two differ by an ulp at most, so only tokens within a relative 1e-12 of the leader
         # can win the exact race (far above the ~4e-16 an ulp of E moves a ratio); those are raced exactly.
-        uniform = self._uniforms(position, support)
-        fast = p[support] / (0.0 - np.log(uniform))  # (0.0 - : u = 1 draws +0.0, as neg_log does)
+        whole = support.size == p.size
+        uniform = self._uniforms(position, support, words if whole else words[support])
+        fast = np.log(uniform)
+        np.subtract(0.0, fast, out=fast)  # (0.0 - : u = 1 draws +0.0, as neg_log does); in place: a row is 1.2 MB
+        np.divide(p if whole else p[support], fast, out=fast)
         near = np.flatnonzero(fast >= fast.max() * (1 - 1e-12))
         exact = p[support[near]] / neg_log(uniform[near])
         return int(support[near[int(np.argmax(exact))]])  # ties: the lowest id (the device keeps the same rule)
+
+
+@functools.lru_cache(maxsize=4)
+def token_words(vocab: int) -> np.ndarray:
+    """The tokens' half of every draw's hash, mix(id * GOLDEN + 1) for the ids below `vocab`: the same for every seed
+    and position, so it is hashed once per vocabulary size instead of on every sampled row (read-only)."""
+    with np.errstate(over="ignore"):
+        words = PositionNoise._mix(np.arange(vocab, dtype=np.uint64) * np.uint64(GOLDEN) + np.uint64(1))
+    words.flags.writeable = False
+    return words
 
 
 def choose_rows(probs: torch.Tensor, positions, noises: list[PositionNoise],

@@ -8,7 +8,7 @@ import torch
 from specdecode.engine import Engine
 from specdecode.errors import InputError
 from specdecode import sampling
-from specdecode.sampling import PositionNoise, SamplingParams, neg_log, nucleus_floor, probabilities
+from specdecode.sampling import PositionNoise, SamplingParams, neg_log, nucleus_floor, probabilities, token_words
 from testlib import as_loaded, make_tiny_model
 
 
@@ -309,3 +309,19 @@ def test_the_hosts_race_is_the_exact_race_at_a_near_tie():
     wanted = int(support[np.argmax(row[support] / exact[support])])
     assert noise.race(row, position) == wanted
     assert int(support[np.argmax(row[support] / fast[support])]) != wanted
+
+
+@pytest.mark.parametrize("kept", ["all", "some"])
+def test_the_race_with_hashed_token_words_is_the_definitions_race(kept):
+    """The race reads the tokens' half of each draw's hash from a table built once per vocabulary (token_words) and
+    hashes in place; its winners must be those of the draws' definition, argmax p / exponentials(position, ids),
+    over a whole Qwen-size row and over a row with most tokens cut (top-p's support), at 300 positions."""
+    generator = torch.Generator().manual_seed(8)
+    p = torch.softmax(torch.randn(151936, generator=generator) * 2, -1).numpy()
+    if kept == "some":
+        p[p < 2e-6] = 0
+    noise, support = PositionNoise(2**40 + 3), np.flatnonzero(p > 0)
+    assert np.array_equal(noise._uniforms(7, support, token_words(p.size)[support]), noise._uniforms(7, support))
+    for position in range(300):
+        wanted = int(support[np.argmax(p[support] / noise.exponentials(position, support))])
+        assert noise.race(p, position) == wanted
