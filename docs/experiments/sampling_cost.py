@@ -7,6 +7,10 @@ vocabulary (`NUCLEUS_HEADS = ()`, the cost before) and in a partial ranking (now
 same text (tests/test_sampling.py shows both give the same bits).
 
     .venv/bin/python docs/experiments/sampling_cost.py [--suite humaneval] [--limit 6] [--max-new-tokens 96]
+    .venv/bin/python docs/experiments/sampling_cost.py --batch 8 --max-new-tokens 48   # as a server batches them
+
+--batch N: the prompts answered N at a time by one BatchEngine (plain decoding, each arm --repeats times in turn),
+the total tokens/s of each arm's batches.
 """
 import argparse
 import statistics
@@ -15,6 +19,7 @@ import time
 import numpy as np
 
 from specdecode import sampling
+from specdecode.batch import BatchEngine
 from specdecode.bench.prompts import find_bench_dir, load_suite
 from specdecode.build import EngineOptions, build_engine
 from specdecode.sampling import GOLDEN, SPLITMIX_MULTIPLIERS, PositionNoise, SamplingParams, neg_log
@@ -24,6 +29,8 @@ parser.add_argument("--suite", default="humaneval")
 parser.add_argument("--limit", type=int, default=6)
 parser.add_argument("--max-new-tokens", type=int, default=96)
 parser.add_argument("--drafters", default="none,auto")
+parser.add_argument("--batch", type=int, default=0, help="answer the prompts N at a time in one BatchEngine")
+parser.add_argument("--repeats", type=int, default=2, help="with --batch: passes over the arms")
 args = parser.parse_args()
 
 
@@ -56,6 +63,33 @@ arms = {"greedy": (SamplingParams(), race_now, heads_now), "t=1 before": (hot, r
 engine, _ = build_engine(EngineOptions(model="qwen2.5-coder-1.5b"))
 prompts = load_suite(args.suite, find_bench_dir(), args.limit)
 engine.generate([{"role": "user", "content": "Say hi."}], drafter="none", max_new_tokens=8)
+
+
+def batched() -> None:
+    batch = BatchEngine(engine, max_batch=args.batch)
+    messages = [[{"role": "user", "content": prompt.turns[0]}] for prompt in prompts]
+    rates, texts = {name: [] for name in arms}, {}
+    for _ in range(args.repeats):
+        for name, (params, PositionNoise.race, sampling.NUCLEUS_HEADS) in arms.items():
+            start, tokens, texts[name] = time.perf_counter(), 0, []
+            for first in range(0, len(messages), args.batch):
+                results = batch.generate_many(messages[first : first + args.batch], drafter="none", sampling=params,
+                                              max_new_tokens=args.max_new_tokens, namespace=None)
+                tokens += sum(len(result.token_ids) for result in results)
+                texts[name] += [result.token_ids for result in results]
+            rates[name].append(tokens / (time.perf_counter() - start))
+    greedy = statistics.median(rates["greedy"])
+    print(f"batches of {args.batch}, {len(prompts)} prompts, {args.max_new_tokens} new tokens, tokens/s "
+          f"(median of {args.repeats})")
+    print("| " + " | ".join(arms) + " | t=1 same | top_p same |\n|" + "---|" * (len(arms) + 2))
+    same = [texts[f"{kind} before"] == texts[f"{kind} now"] for kind in ("t=1", "top_p")]
+    print("| " + " | ".join(f"{statistics.median(rates[name]):.1f} ({statistics.median(rates[name]) / greedy:.2f}x)"
+                            for name in arms) + f" | {same[0]} | {same[1]} |")
+
+
+if args.batch:
+    batched()
+    raise SystemExit
 print(f"tokens/s, median of {len(prompts)} prompts ({args.suite}, {args.max_new_tokens} new tokens); "
       "'same': prompts where before and now gave the same text")
 print("| drafter | " + " | ".join(arms) + " | t=1 same | top_p same |")
