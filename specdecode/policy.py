@@ -344,12 +344,28 @@ class DraftStopRule(StopRule):
 
         The calibration pools every prompt, so where copies fail far more often than usual (an answer that
         paraphrases its prompt rather than repeating it) it keeps predicting the pooled rate and the copier
-        goes on verifying one-token matches that fail. Only whether to start a draft is corrected: once a copy
-        is accepted it tends to run on, which the pooled calibration of later tokens already knows, and a
-        factor compounded along the chain cut long copies short (HumanEval: tau 3.7 -> 1.9). Never above 1:
+        goes on verifying one-token matches that fail. The factor corrects the chance that a draft's first token
+        is accepted, and so, once, the chance of every chain through it; the tokens after it are judged by the
+        pooled calibration alone: once a copy is accepted it tends to run on, which that calibration knows (a
+        factor compounded on every token cut long copies short: HumanEval tau 3.7 -> 1.9). Never above 1:
         drafts that start well say little about the weak ones."""
         w = self.params.first_token_prior
         return min(1.0, (self.first_accepted + w) / (self.first_expected + w))
+
+    def start_from(self, record: tuple[float, float] | None) -> None:
+        """Begin this generation's first-token sums from its client's earlier generations' (`record`: decayed
+        expected and accepted first tokens), worth at most `params.first_token_carry` expected tokens: a client whose
+        copies keep failing (translations copying names from their source text) starts its next request wary, and
+        that request's own drafts outweigh the record within a few steps."""
+        carry = self.params.first_token_carry
+        if record is None or carry <= 0 or record[0] <= 0:
+            return
+        scale = min(1.0, carry / record[0])
+        self.first_expected, self.first_accepted = record[0] * scale, record[1] * scale
+
+    @property
+    def record(self) -> tuple[float, float]:
+        return self.first_expected, self.first_accepted
 
     def judged_first(self, confidence: float, accepted: bool) -> None:
         """The target judged the first token of one of this generation's drafts (before calibrating on it)."""
@@ -368,8 +384,9 @@ class DraftStopRule(StopRule):
         step = self.costs.target_cost(1)
         if step is None:
             return True
-        expected = self.acceptance(confidence) * (self.first_token_factor() if drafted == 0 else 1.0)
-        keep = chain_prob * expected * step > self._marginal_verify(drafted)
+        # chain_prob: the pooled chance of the tokens so far; the first one's is this generation's (the factor)
+        expected = self.first_token_factor() * chain_prob * self.acceptance(confidence)
+        keep = expected * step > self._marginal_verify(drafted)
         return self.first_or_probe(keep) if drafted == 0 and self.probes else keep
 
     def first_or_probe(self, keep: bool) -> bool:
@@ -393,7 +410,7 @@ class DraftStopRule(StopRule):
         draft = self.costs.draft_cost(self.drafter)
         if step is None or draft is None:
             return True
-        expected = chain_prob * self.acceptance(confidence)
+        expected = self.first_token_factor() * chain_prob * self.acceptance(confidence)
         return expected * step > draft + self._marginal_verify(drafted)
 
 

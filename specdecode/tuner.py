@@ -33,6 +33,9 @@ class Learned:
     # Per drafter, the speedup its drafting steps reached in recent generations (decayed average): the prior a new
     # generation starts from, so a pair that keeps losing starts with plain decoding.
     drafting_speedup: dict[str, float] = field(default_factory=dict)
+    # Per drafter or source, how the first tokens of recent generations' drafts fared against the calibration:
+    # decayed (expected, accepted) sums, where the next generation's stop rule starts (DraftStopRule.start_from).
+    first_tokens: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class Tuner:
@@ -109,8 +112,17 @@ class GenerationTuning:
     def rule_for(self, source: str, min_confidence: float = 0.0) -> DraftStopRule:
         cap = self.model_cap if source == "draft" else None  # "draft": the model's source, alone or in auto
         # copies (this request's text, earlier requests') cost no pass: a refused one is probed now and then
-        return DraftStopRule(self.costs, source, self._calibration(source), min_confidence, self.params, cap,
+        rule = DraftStopRule(self.costs, source, self._calibration(source), min_confidence, self.params, cap,
                              probes=source in SuffixDrafter.sources)
+        rule.start_from(self.learned.first_tokens.get(source))
+        return rule
+
+    def _stop_rules(self) -> dict[str, DraftStopRule]:
+        """This generation's DraftStopRules by source (one for a single drafter, those auto's sources used)."""
+        rule = self.stop_rule
+        if isinstance(rule, SourceRules):
+            return rule.rules
+        return {self.name: rule} if isinstance(rule, DraftStopRule) else {}
 
     def _calibration(self, source: str) -> ConfidenceCalibration:
         calibrations = self.learned.calibrations
@@ -256,6 +268,8 @@ class GenerationTuning:
             self._remember_speedup("draft", self.model_tokens / self.model_seconds * plain)
         elif policy.chain_stops_itself and policy.drafting_steps >= enough and policy.measured_speedup() is not None:
             self._remember_speedup(self.name, policy.measured_speedup())
+        for source, rule in self._stop_rules().items():
+            self.learned.first_tokens[source] = rule.record
         stats.single_step_cost = self.costs.target_cost(1)
         stats.draft_step_cost = self.costs.draft_cost(self.name) if self.drafter is not None else None
         stats.verify_cost_by_block = {n: self.costs.target_cost(n) for n in sorted(self.costs.target)}

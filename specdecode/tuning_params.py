@@ -43,6 +43,8 @@ class TuningParams:
     # --- a generation's own first draft tokens (DraftStopRule.first_token_factor)
     first_token_prior: float = 2.0  # tokens' worth of the prior that this generation behaves like earlier ones
     first_token_decay: float = 0.98  # per judged draft
+    first_token_carry: float = 4.0  # expected tokens' worth of a client's earlier first-token record a request starts
+    # from (0: each request starts neutral); see DraftStopRule.start_from
 
     # --- reading the prompt into a draft model (GenerationTuning.draft_prefill_pays)
     answer_credit: int = 32  # tokens an answer is assumed still to have before it has shown more

@@ -2,6 +2,7 @@
 import pytest
 
 from specdecode.policy import AcceptanceEstimate, ConfidenceCalibration, CostModel, DraftLengthPolicy, DraftStopRule
+from specdecode.tuning_params import TuningParams
 
 
 def costs(step=0.33, per_token=0.04, draft=0.1):
@@ -152,9 +153,35 @@ def test_stop_rule_starts_drafts_by_this_generations_record_not_only_the_pooled_
         rule.judged_first(0.35, accepted)
     assert rule.keep(0, 1.0, 0.35) == keeps
     assert rule.first_token_factor() == 1.0 if accepted else rule.first_token_factor() < 0.3
-    # Within a draft that has started, the pooled calibration alone judges the next tokens: copies that
-    # start run on.
-    assert rule.keep(1, 0.9, 0.35)
+    # Within a draft that has started, the factor counts once (the chain goes through its first token), and the
+    # pooled calibration alone judges the next tokens: a likely next token still joins (0.26 * 0.9 * 0.95 * 0.33 s
+    # > 0.04 s; compounded on it too, the factor would refuse it), a doubtful one only where first tokens pass.
+    assert rule.keep(1, 0.9, 0.35) == keeps
+    assert rule.keep(1, 0.9, 0.95)
+    # and a draft model's next pass is paid for the chain through the first token too (0.073 s < 0.14 s where they fail)
+    model_rule = DraftStopRule(costs(), "draft", pooled_calibration())
+    for _ in range(20):
+        model_rule.judged_first(0.35, accepted)
+    assert model_rule.extend(1, 0.9, 0.95) == keeps
+
+
+def test_a_clients_first_token_record_carries_into_its_next_request_at_a_bounded_weight():
+    """A request starts from its client's record of first draft tokens (translations whose copies of names fail)
+    at `first_token_carry` expected tokens' worth: wary from its first copy, and outweighed by its own drafts soon."""
+    rule = DraftStopRule(costs(), "lookup", pooled_calibration())
+    for _ in range(30):
+        rule.judged_first(0.35, False)
+    fresh = DraftStopRule(costs(), "lookup", pooled_calibration())
+    fresh.start_from(rule.record)
+    assert fresh.first_expected == pytest.approx(fresh.params.first_token_carry)
+    assert not fresh.keep(0, 1.0, 0.35) and fresh.first_token_factor() == pytest.approx(1 / 3)
+    for _ in range(6):
+        fresh.judged_first(0.35, True)
+    assert fresh.keep(0, 1.0, 0.35)
+    neutral = DraftStopRule(costs(), "lookup", pooled_calibration(),
+                            params=TuningParams(first_token_carry=0.0))
+    neutral.start_from(rule.record)
+    assert neutral.keep(0, 1.0, 0.35)
 
 
 @pytest.mark.parametrize("probes", [True, False])
@@ -422,3 +449,21 @@ def test_a_stalled_prompt_read_counts_as_twice_the_read_cost_at_most():
     assert tuning.tuner.draft_prefill_cost["draft"] == pytest.approx(0.015)
     tuning.observe(StepResult([1], [], read, draft_seconds=0.25, verify_seconds=0.3))  # faster reads count in full
     assert tuning.tuner.draft_prefill_cost["draft"] == pytest.approx(0.01)
+
+
+def test_a_first_token_record_carries_to_the_same_clients_next_request_only():
+    """The record lives in the client's namespace (Learned): a request of the client whose copies failed starts wary,
+    another client's request starts neutral (what one client's texts taught must not change another's drafting)."""
+    from specdecode.drafters.lookup import PromptLookupDrafter
+    from specdecode.stats import GenerationStats
+    from specdecode.tuner import Tuner
+
+    tuner = Tuner()
+    tuner.costs = costs()
+    first = tuner.start(PromptLookupDrafter(), None, 15, namespace="translator")
+    for _ in range(30):
+        first.stop_rule.judged_first(0.35, False)
+    first.end(GenerationStats())
+    for namespace, factor in (("translator", 1 / 3), ("coder", 1.0)):
+        rule = tuner.start(PromptLookupDrafter(), None, 15, namespace=namespace).stop_rule
+        assert rule.first_token_factor() == pytest.approx(factor)
