@@ -191,7 +191,7 @@ class PositionNoise:
         z ^= np.right_shift(z, np.uint64(31), out=shifted)
         return z
 
-    def _position_key(self, position: int) -> np.uint64:
+    def _position_key(self, position: int) -> np.ndarray:  # a 0-d uint64 array (_mix works on arrays)
         """The key of one position's draws: a keyed hash of (seed, position), key = seed, counter = position.
 
         The key enters before and after the mixing (a Davies-Meyer feed-forward), so no arithmetic relation
