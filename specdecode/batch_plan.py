@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from .policy import CostModel, DraftStopRule
+from .policy import CostModel
 from .tuning_params import DEFAULT, TuningParams
 
 
@@ -53,9 +53,7 @@ def chain_acceptance(generation) -> list[float]:
     record = generation.acceptance_record
     chain, out, each = 1.0, [], []
     for position, confidence in enumerate(confidences):
-        accept = rule.acceptance(confidence) if rule is not None and confidence == confidence else fallback
-        if position == 0 and isinstance(rule, DraftStopRule):
-            accept *= rule.first_token_factor()
+        accept = rule.chance(position, confidence) if rule is not None and confidence == confidence else fallback
         accept = min(1.0, max(0.0, accept * record.factor()))
         each.append(accept)
         chain *= accept

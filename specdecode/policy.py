@@ -339,6 +339,11 @@ class DraftStopRule(StopRule):
     def acceptance(self, confidence: float) -> float:
         return self.calibration(confidence)
 
+    def chance(self, position: int, confidence: float) -> float:
+        """The pooled calibration's, and for a draft's first token this generation's first-token factor too: counted
+        once, it scales every chain through that token (see first_token_factor)."""
+        return self.acceptance(confidence) * (self.first_token_factor() if position == 0 else 1.0)
+
     def first_token_factor(self) -> float:
         """How this generation's first draft tokens fare against the pooled calibration (at most 1).
 
@@ -384,9 +389,7 @@ class DraftStopRule(StopRule):
         step = self.costs.target_cost(1)
         if step is None:
             return True
-        # chain_prob: the pooled chance of the tokens so far; the first one's is this generation's (the factor)
-        expected = self.first_token_factor() * chain_prob * self.acceptance(confidence)
-        keep = expected * step > self._marginal_verify(drafted)
+        keep = chain_prob * self.chance(drafted, confidence) * step > self._marginal_verify(drafted)
         return self.first_or_probe(keep) if drafted == 0 and self.probes else keep
 
     def first_or_probe(self, keep: bool) -> bool:
@@ -410,8 +413,7 @@ class DraftStopRule(StopRule):
         draft = self.costs.draft_cost(self.drafter)
         if step is None or draft is None:
             return True
-        expected = self.first_token_factor() * chain_prob * self.acceptance(confidence)
-        return expected * step > draft + self._marginal_verify(drafted)
+        return chain_prob * self.chance(drafted, confidence) * step > draft + self._marginal_verify(drafted)
 
 
 class MinConfidenceRule(StopRule):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdecode.drafters.base import Draft, Drafter
+from specdecode.drafters.base import Draft, Drafter, StopRule
 from specdecode.drafters.draft_model import DraftModelDrafter, common_prefix_len
 from specdecode.drafters.lookup import PromptLookupDrafter, match_confidence
 from specdecode.policy import MinConfidenceRule
@@ -66,7 +66,7 @@ def test_lookup_index_follows_a_growing_context_and_restarts_on_a_new_one():
     assert drafter.propose([9, 8, 9], 2, GREEDY, gen()).tokens == [8, 9]  # another sequence: index rebuilt
 
 
-class _Rule:
+class _Rule(StopRule):
     """Keeps a token while the predicted chance that the whole copy survives stays above a floor."""
 
     def __init__(self, floor):
@@ -192,7 +192,7 @@ def test_chunked_prefill_of_a_long_context(model):
     assert chunked.cache.length == len(chunked.cached) == 43
 
 
-class ScriptedStopRule:
+class ScriptedStopRule(StopRule):
     """keep/extend answers read from lists, so a test can end the chain exactly where it wants."""
 
     def __init__(self, keep, extend):

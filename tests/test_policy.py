@@ -153,16 +153,58 @@ def test_stop_rule_starts_drafts_by_this_generations_record_not_only_the_pooled_
         rule.judged_first(0.35, accepted)
     assert rule.keep(0, 1.0, 0.35) == keeps
     assert rule.first_token_factor() == 1.0 if accepted else rule.first_token_factor() < 0.3
-    # Within a draft that has started, the factor counts once (the chain goes through its first token), and the
-    # pooled calibration alone judges the next tokens: a likely next token still joins (0.26 * 0.9 * 0.95 * 0.33 s
-    # > 0.04 s; compounded on it too, the factor would refuse it), a doubtful one only where first tokens pass.
-    assert rule.keep(1, 0.9, 0.35) == keeps
-    assert rule.keep(1, 0.9, 0.95)
-    # and a draft model's next pass is paid for the chain through the first token too (0.073 s < 0.14 s where they fail)
+    # Within a draft that has started, the factor counts once: the chain's chance through its first token carries it
+    # (as every drafter builds the chain, from `chance`), and the pooled calibration alone judges the next tokens: a
+    # likely next token still joins (0.26 * 0.95 * 0.95 * 0.33 s > 0.04 s; compounded on it too, the factor would
+    # refuse it), a doubtful one only where first tokens pass.
+    chain = rule.chance(0, 0.95)
+    assert chain == pytest.approx(0.95 * rule.first_token_factor())
+    assert rule.chance(1, 0.95) == pytest.approx(0.95)
+    assert rule.keep(1, chain, 0.35) == keeps
+    assert rule.keep(1, chain, 0.95)
+    # and a draft model's next pass is paid for the chain through the first token too (0.08 s < 0.14 s where they fail)
     model_rule = DraftStopRule(costs(), "draft", pooled_calibration())
     for _ in range(20):
         model_rule.judged_first(0.35, accepted)
-    assert model_rule.extend(1, 0.9, 0.95) == keeps
+    assert model_rule.extend(1, model_rule.chance(0, 0.95), 0.95) == keeps
+
+
+@pytest.mark.parametrize("accepted, length", [(False, 1), (True, 7)])
+def test_a_copy_carries_the_first_tokens_factor_along_its_chain(accepted, length):
+    """A copy (lookup.copy_draft, a match of 3 tokens) in a generation whose first tokens keep failing keeps its first
+    token, whose pooled chance is high enough, and stops there: every chain through it is that much less likely. Where
+    first tokens pass, the same copy runs on while the pooled calibration pays for each token's verify row."""
+    from specdecode.drafters.lookup import copy_draft
+
+    rule = DraftStopRule(costs(), "lookup", pooled_calibration())
+    for _ in range(20):
+        rule.judged_first(0.35, accepted)
+    assert len(copy_draft(list(range(100)), 10, 3, 15, rule).tokens) == length
+
+
+def test_a_batch_plans_chains_with_the_stop_rules_chances_the_first_tokens_factor_once():
+    """batch_plan.chain_acceptance (which draft tokens get rows in a batched pass) reads a chain's chance as the stop
+    rule and the drafters build it: the request's first-token factor on the first token only, then the pooled
+    calibration, each token scaled by the request's batch record."""
+    from types import SimpleNamespace
+
+    from specdecode.batch_plan import AcceptanceRecord, chain_acceptance
+    from specdecode.drafters.base import Draft
+
+    rule = DraftStopRule(costs(), "lookup", pooled_calibration())
+    for _ in range(20):
+        rule.judged_first(0.35, False)
+    factor = rule.first_token_factor()
+    record = AcceptanceRecord()
+    record.predicted, record.accepted = 10.0, 4.0
+    tuning = SimpleNamespace(stop_rule=SimpleNamespace(for_source=lambda source: rule), name="lookup",
+                             policy=SimpleNamespace(acceptance=SimpleNamespace(value=0.5)))
+    generation = SimpleNamespace(draft=Draft([5, 6, 7], confidences=[0.95, 0.95, 0.35], source="lookup"),
+                                 tuning=tuning, acceptance_record=record)
+    r = record.factor()
+    assert factor < 0.3 and r < 1
+    expected = [factor * 0.95 * r, factor * 0.95 * 0.95 * r * r, factor * 0.95 * 0.95 * rule.acceptance(0.35) * r ** 3]
+    assert chain_acceptance(generation) == pytest.approx(expected)
 
 
 def test_a_clients_first_token_record_carries_into_its_next_request_at_a_bounded_weight():

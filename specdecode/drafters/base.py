@@ -99,6 +99,11 @@ class StopRule:
         """Predicted chance that a token of this confidence is accepted."""
         return 1.0
 
+    def chance(self, position: int, confidence: float) -> float:
+        """Predicted chance that the draft's token at `position` (of this confidence) is accepted once every token
+        before it is: what a chain's chance is the product of (drafters, the stop rule and the batch planner alike)."""
+        return self.acceptance(confidence)
+
     def for_source(self, source: str) -> "StopRule":
         """The rule for drafts from one source of a multi-source drafter (each learns its own calibration)."""
         return self

@@ -151,7 +151,7 @@ class DraftModelDrafter(Drafter):
             if rule is not None:
                 if not rule.keep(len(tokens), chain_prob, confidence):
                     break
-                chain_prob *= rule.acceptance(confidence)
+                chain_prob *= rule.chance(len(tokens), confidence)
             if probs_row is not None:
                 token = noise.choose(probs_row, len(context) + len(tokens))
             tokens.append(token)
@@ -179,7 +179,7 @@ class DraftModelDrafter(Drafter):
             if rule is not None:
                 if not rule.keep(len(tokens), chain_prob, confidence):
                     break
-                chain_prob *= rule.acceptance(confidence)
+                chain_prob *= rule.chance(len(tokens), confidence)
             tokens.append(token)
             confidences.append(confidence if rule is not None else float("nan"))
             if len(tokens) >= k or (rule is not None and not rule.extend(len(tokens), chain_prob, confidence)):

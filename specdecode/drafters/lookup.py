@@ -90,7 +90,7 @@ def copy_draft(source: list[int], end: int, length: int, k: int, stop_rule: Stop
         if stop_rule is not None:
             if not stop_rule.keep(i, chain_prob, confidence):
                 break
-            chain_prob *= stop_rule.acceptance(confidence)
+            chain_prob *= stop_rule.chance(i, confidence)
         tokens.append(token)
         confidences.append(confidence)
     return Draft(tokens, confidences=confidences)

@@ -19,8 +19,8 @@ from .suffix_store import SuffixStore
 def expected_accepted(draft: Draft, rule: StopRule) -> float:
     """Tokens of the draft the target is expected to accept: a token counts only if all before it are accepted."""
     expected, chain = 0.0, 1.0
-    for confidence in draft.confidences:
-        chain *= rule.acceptance(confidence)
+    for position, confidence in enumerate(draft.confidences):
+        chain *= rule.chance(position, confidence)
         expected += chain
     return expected
 
