@@ -113,7 +113,7 @@ class GenerationTuning:
         cap = self.model_cap if source == "draft" else None  # "draft": the model's source, alone or in auto
         # copies (this request's text, earlier requests') cost no pass: a refused one is probed now and then
         rule = DraftStopRule(self.costs, source, self._calibration(source), min_confidence, self.params, cap,
-                           probes=source in SuffixDrafter.sources)
+                             probes=source in SuffixDrafter.sources)
         rule.start_from(self.learned.first_tokens.get(source))
         return rule
 
